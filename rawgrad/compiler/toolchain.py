@@ -1,0 +1,251 @@
+"""In-process LLVM toolchain: LLVM IR text -> ELF relocatable object, through llvmlite.
+
+No clang or ld binary is involved. The object is laid out and relocated by ``rawgrad.compiler.elf``.
+
+Code model choice: objects are built position independent (reloc model ``pic``) with the ``small`` code
+model. Every reference from code to code or data inside the object is then PC-relative (x86-64
+``R_X86_64_PC32``/``PLT32``, aarch64 ``ADRP``+``ADD``/``LDR`` pairs), which is valid wherever the loader
+places the image as long as the image itself is smaller than 2 GiB. References to symbols outside the
+object are either calls (the loader routes them through a stub inside the image when the target is too
+far away) or data loads through a GOT slot the loader builds inside the image. A ``static`` object would
+use absolute 32-bit addresses (``R_X86_64_32S``) that only work when the image lands in the low 2 GiB,
+and the ``large`` code model costs a 64-bit immediate for every address; ``pic``+``small`` keeps both the
+code fast and the loader simple.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+
+import llvmlite
+import llvmlite.binding as llvm
+
+__all__ = ["CompileError", "CompileStats", "LLVMCompiler", "host_compiler"]
+
+# Environment variable naming the on-disk cache folder; an empty value disables the disk cache.
+CACHE_DIR_ENV = "RAWGRAD_CACHE_DIR"
+# Default cache folder (XDG-style per-user cache).
+DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "rawgrad", "llvm")
+# Cache entry layout: sha256 digest of the payload followed by the payload, so a torn or corrupt file is
+# detected and recompiled instead of handed to the loader.
+_DIGEST_SIZE = hashlib.sha256().digest_size
+# Default relocation model and code model (see the module docstring for why).
+DEFAULT_RELOC = "pic"
+DEFAULT_CODE_MODEL = "small"
+# llvmlite's PipelineTuningOptions accepts speed levels 0..3 (-O0 .. -O3).
+MAX_OPT_LEVEL = 3
+# How many lines of the offending IR a CompileError quotes.
+_IR_LINES_IN_ERROR = 12
+
+_init_lock = threading.Lock()
+_initialized = False
+# LLVM's global context and target registry are shared process-wide; serialise compiles through it.
+_llvm_lock = threading.RLock()
+
+
+def _init_llvm() -> None:
+    """Register every LLVM target once (thread-safe); needed for cross targets such as aarch64."""
+    global _initialized
+    if _initialized:
+        return
+    with _init_lock:
+        if not _initialized:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialized = True
+
+
+class CompileError(Exception):
+    """LLVM rejected the IR (parse, verify or codegen); carries the diagnostic and the IR's first lines."""
+
+    def __init__(self, stage: str, diagnostic: str, ir: str) -> None:
+        head = "\n".join(ir.splitlines()[:_IR_LINES_IN_ERROR])
+        super().__init__(f"LLVM {stage} failed: {diagnostic.strip()}\n--- IR (first lines) ---\n{head}")
+        self.stage = stage
+        self.diagnostic = diagnostic
+        self.ir = ir
+
+
+@dataclass
+class CompileStats:
+    """Process-wide counters: ``compiles`` are real LLVM invocations, the others are cache hits."""
+
+    compiles: int = 0
+    memory_hits: int = 0
+    disk_hits: int = 0
+    corrupt_entries: int = 0
+
+    @property
+    def cache_hits(self) -> int:
+        return self.memory_hits + self.disk_hits
+
+    def reset(self) -> None:
+        self.compiles = self.memory_hits = self.disk_hits = self.corrupt_entries = 0
+
+
+class LLVMCompiler:
+    """Compile LLVM IR text to an ELF relocatable object (ET_REL) for one target, with caching.
+
+    ``triple``/``cpu``/``features`` default to the host (so AVX2/AVX-512 are used where present).
+    ``cache_dir`` None reads ``RAWGRAD_CACHE_DIR`` (default ``~/.cache/rawgrad/llvm``); ``''`` disables
+    the disk cache. ``stats`` is shared by all instances so a caller can assert no compile happened.
+    """
+
+    stats: CompileStats = CompileStats()
+    _stats_lock = threading.Lock()
+
+    def __init__(self, triple: str | None = None, cpu: str | None = None, features: str | None = None,
+                 opt_level: int = 3, cache_dir: str | None = None, *, reloc: str = DEFAULT_RELOC,
+                 code_model: str = DEFAULT_CODE_MODEL) -> None:
+        if not 0 <= opt_level <= MAX_OPT_LEVEL:
+            raise ValueError(f"opt_level must be in 0..{MAX_OPT_LEVEL}, got {opt_level}")
+        _init_llvm()
+        host = triple is None
+        self.triple: str = llvm.get_process_triple() if host else str(triple)
+        if cpu is None:
+            cpu = llvm.get_host_cpu_name() if host else "generic"
+        if features is None:
+            features = llvm.get_host_cpu_features().flatten() if host else ""
+        self.cpu: str = cpu
+        self.features: str = features
+        self.opt_level: int = opt_level
+        self.reloc: str = reloc
+        self.code_model: str = code_model
+        try:
+            target = llvm.Target.from_triple(self.triple)
+        except RuntimeError as e:
+            raise ValueError(f"LLVM has no target for triple {self.triple!r}: {e}") from e
+        self._tm = target.create_target_machine(cpu=cpu, features=features, opt=opt_level, reloc=reloc,
+                                                codemodel=code_model)
+        self.target_key: str = "|".join([self.triple, cpu, features, f"O{opt_level}", reloc, code_model])
+        if cache_dir is None:
+            cache_dir = os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
+        self.cache_dir: str | None = os.path.expanduser(cache_dir) if cache_dir else None
+        self._memory: dict[str, bytes] = {}
+        self._memory_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LLVMCompiler({self.target_key!r}, cache_dir={self.cache_dir!r})"
+
+    def cache_key(self, llvm_ir: str) -> str:
+        """sha256 over the IR text, the target key and the llvmlite version."""
+        h = hashlib.sha256()
+        for part in (llvm_ir, self.target_key, llvmlite.__version__):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def compile(self, llvm_ir: str) -> bytes:
+        """Return the ELF relocatable object for ``llvm_ir`` (memory cache, then disk cache, then LLVM)."""
+        key = self.cache_key(llvm_ir)
+        with self._memory_lock:
+            obj = self._memory.get(key)
+        if obj is not None:
+            self._count("memory_hits")
+            return obj
+        obj = self._read_disk(key)
+        if obj is not None:
+            self._count("disk_hits")
+        else:
+            obj = self._compile_uncached(llvm_ir)
+            self._count("compiles")
+            self._write_disk(key, obj)
+        with self._memory_lock:
+            self._memory[key] = obj
+        return obj
+
+    def _count(self, field: str) -> None:
+        with self._stats_lock:
+            setattr(self.stats, field, getattr(self.stats, field) + 1)
+
+    def assembly(self, llvm_ir: str) -> str:
+        """The optimized target assembly for ``llvm_ir`` (for DEBUG output and tests; never cached)."""
+        return self._codegen(llvm_ir, assembly=True).decode()
+
+    def _compile_uncached(self, llvm_ir: str) -> bytes:
+        return self._codegen(llvm_ir, assembly=False)
+
+    def _codegen(self, llvm_ir: str, assembly: bool) -> bytes:
+        with _llvm_lock:
+            try:
+                mod = llvm.parse_assembly(llvm_ir)
+            except RuntimeError as e:
+                raise CompileError("IR parse", str(e), llvm_ir) from e
+            # The compiler's target wins over whatever the IR declares, so one IR text serves any target.
+            mod.triple = self.triple
+            mod.data_layout = str(self._tm.target_data)
+            try:
+                mod.verify()
+            except RuntimeError as e:
+                raise CompileError("IR verification", str(e), llvm_ir) from e
+            pto = llvm.PipelineTuningOptions(speed_level=self.opt_level)
+            vectorize = self.opt_level >= 2
+            pto.loop_vectorization = vectorize
+            pto.slp_vectorization = vectorize
+            pto.loop_unrolling = self.opt_level >= 2
+            pb = llvm.create_pass_builder(self._tm, pto)
+            try:
+                pb.getModulePassManager().run(mod, pb)
+                if assembly:
+                    return self._tm.emit_assembly(mod).encode()
+                return bytes(self._tm.emit_object(mod))
+            except RuntimeError as e:
+                raise CompileError("code generation", str(e), llvm_ir) from e
+
+    def _entry_path(self, key: str) -> str | None:
+        return os.path.join(self.cache_dir, key + ".o") if self.cache_dir else None
+
+    def _read_disk(self, key: str) -> bytes | None:
+        path = self._entry_path(key)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except OSError:
+            return None
+        digest, payload = blob[:_DIGEST_SIZE], blob[_DIGEST_SIZE:]
+        if len(blob) <= _DIGEST_SIZE or hashlib.sha256(payload).digest() != digest:
+            self._count("corrupt_entries")
+            return None
+        return payload
+
+    def _write_disk(self, key: str, obj: bytes) -> None:
+        path = self._entry_path(key)
+        if path is None:
+            return
+        assert self.cache_dir is not None
+        tmp = None
+        try:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.cache_dir)
+            with os.fdopen(fd, "wb") as f:
+                f.write(hashlib.sha256(obj).digest() + obj)
+            os.replace(tmp, path)  # atomic on POSIX: readers see the old entry or the whole new one
+            tmp = None
+        except OSError:
+            pass  # an unwritable cache only costs a recompile next time
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+
+_host_lock = threading.Lock()
+_host: LLVMCompiler | None = None
+
+
+def host_compiler() -> LLVMCompiler:
+    """The process-wide compiler for the host CPU (created on first use)."""
+    global _host
+    if _host is None:
+        with _host_lock:
+            if _host is None:
+                _host = LLVMCompiler()
+    return _host
