@@ -1,0 +1,359 @@
+"""The CPU as an HCQ device: a command ring in host memory executed by a native command processor."""
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rawgrad import config
+from rawgrad.compiler import elf
+from rawgrad.compiler.toolchain import host_compiler
+from rawgrad.drivers.cpu.hostos import HostOS
+from rawgrad.drivers.cpu.processor import DOORBELL_SYMBOL, THREAD_ENTRY_SYMBOL, processor_ir
+from rawgrad.drivers.cpu.records import CTX, CTX_BYTES, MAX_THREADS, RECORD_BYTES, RECORD_WORDS, Op
+from rawgrad.hcq.allocator import Allocator, HCQBuffer
+from rawgrad.hcq.device import HCQDevice
+from rawgrad.hcq.errors import DeviceFault
+from rawgrad.hcq.memory import WORD_BYTES, ffi, u64_array, u64_pointer
+from rawgrad.hcq.program import Program
+from rawgrad.hcq.queue import HWQueue, Value
+from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
+
+__all__ = ["CPUAllocator", "CPUDevice", "CPUProgram", "CPUQueue"]
+
+# Environment variable overriding the number of worker threads (default: one per core).
+THREADS_ENV = "CPU_THREADS"
+# Ring capacity in records (64 KiB): deep enough that a host never waits on a busy but healthy device.
+DEFAULT_RING_RECORDS = 1024
+# close(): how long the QUIT record may take to drain the ring, then how long threads get to notice a
+# forced stop (a thread stuck inside a kernel that never returns is abandoned after this, with a warning).
+DRAIN_TIMEOUT_S = 2.0
+FORCE_STOP_TIMEOUT_S = 5.0
+
+
+class _Processor:
+    """The process-wide compiled and loaded command processor (compiled once, never unloaded)."""
+
+    _lock = threading.Lock()
+    _image: elf.LoadedImage | None = None
+
+    @classmethod
+    def image(cls) -> elf.LoadedImage:
+        with cls._lock:
+            if cls._image is None:
+                cls._image = elf.load(host_compiler().compile(processor_ir()))
+            return cls._image
+
+
+class _NativeState:
+    """Everything native a CPU device owns: control block, ring, threads. No reference to the device,
+    so a finalizer can shut it down at exit or when the device is collected."""
+
+    def __init__(self, hostos: HostOS, ring_records: int, threads: int, name: str) -> None:
+        self.os, self.ring_records, self.nthreads, self.name = hostos, ring_records, threads, name
+        image = _Processor.image()
+        self.entry = image.symbol(THREAD_ENTRY_SYMBOL)
+        self.doorbell = ffi.cast("void (*)(uint64_t, uint64_t)", image.symbol(DOORBELL_SYMBOL))
+        self.ctx_addr = hostos.mmap(CTX_BYTES)
+        self.ring_addr = 0
+        self.threads: list[int] = []
+        self.write_index = 0
+        try:
+            self.ring_addr = hostos.mmap(ring_records * RECORD_BYTES)
+            self.ctx = u64_pointer(self.ctx_addr)
+            self.ring = u64_array(self.ring_addr, ring_records * RECORD_WORDS).reshape(-1, RECORD_WORDS)
+            self.ctx[CTX.RING] = self.ring_addr
+            self.ctx[CTX.RING_MASK] = ring_records - 1
+            self.ctx[CTX.THREADS] = threads
+            for tid in range(threads):
+                self.ctx[CTX.WORKER_ARGS + 2 * tid] = self.ctx_addr
+                self.ctx[CTX.WORKER_ARGS + 2 * tid + 1] = tid
+            for tid in range(threads):
+                arg = self.ctx_addr + (CTX.WORKER_ARGS + 2 * tid) * WORD_BYTES
+                self.threads.append(hostos.thread_start(self.entry, arg))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def ring_doorbell(self) -> None:
+        self.doorbell(self.ctx_addr, self.write_index)
+
+    def _join(self, threads: list[int], timeout_s: float) -> list[int]:
+        """Join `threads` within one shared deadline; returns those still running."""
+        deadline = time.monotonic() + timeout_s
+        return [t for t in threads if not self.os.thread_join(t, max(0.0, deadline - time.monotonic()))]
+
+    def shutdown(self, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        if self.threads:
+            free = self.ring_records - (self.write_index - int(self.ctx[CTX.READ_INDEX]))
+            if free >= 1:
+                slot = self.write_index & (self.ring_records - 1)
+                self.ring[slot] = 0
+                self.ring[slot, 0] = Op.QUIT
+                self.write_index += 1
+            else:
+                self.ctx[CTX.STOP] = 1
+            self.ring_doorbell()
+            stuck = self._join(self.threads, drain_timeout_s)
+            if stuck:
+                self.ctx[CTX.STOP] = 1  # abandon the queued work (e.g. a WAIT nobody will satisfy)
+                self.ring_doorbell()
+                stuck = self._join(stuck, FORCE_STOP_TIMEOUT_S)
+            self.threads = []
+            if stuck:
+                warnings.warn(f"{self.name}: {len(stuck)} worker thread(s) did not stop (a kernel that never "
+                              f"returns?); leaking the command ring and control block", stacklevel=2)
+                return
+        if self.ring_addr:
+            self.os.munmap(self.ring_addr, self.ring_records * RECORD_BYTES)
+            self.ring_addr = 0
+        if self.ctx_addr:
+            self.os.munmap(self.ctx_addr, CTX_BYTES)
+            self.ctx_addr = 0
+
+
+class CPUAllocator(Allocator):
+    """Page-aligned anonymous mappings; copies are plain memmoves after the device has drained."""
+
+    def __init__(self, device: CPUDevice) -> None:
+        super().__init__()
+        self.device = device
+
+    def _alloc(self, nbytes: int) -> HCQBuffer:
+        return HCQBuffer(self.device.os.mmap(nbytes), nbytes)
+
+    def _free(self, buf: HCQBuffer) -> None:
+        # Queued kernels may still use the memory; unmapping it under them would crash the process.
+        if not self.device.closed:
+            self.device.synchronize()
+        self.device.os.munmap(buf.va_addr, buf.size)
+
+    def _copyin(self, buf: HCQBuffer, src: memoryview) -> None:
+        self.device.synchronize()
+        ffi.memmove(ffi.cast("void *", buf.va_addr), src, src.nbytes)
+
+    def _copyout(self, dst: memoryview, buf: HCQBuffer) -> None:
+        self.device.synchronize()
+        ffi.memmove(dst, ffi.cast("void *", buf.va_addr), dst.nbytes)
+
+    def as_buffer(self, buf: HCQBuffer) -> memoryview:
+        """The buffer's memory itself (zero copy); valid while the buffer is allocated."""
+        return memoryview(ffi.buffer(ffi.cast("char *", buf.va_addr), buf.size))
+
+
+class CPUProgram(Program):
+    """A kernel from an ELF relocatable object, loaded by our ELF loader.
+
+    ABI: `void name(i64 *args, i64 start, i64 end)`; args holds the buffer addresses then the integer
+    scalars, and the kernel handles indices [start, end) of global_size[0].
+    """
+
+    def __init__(self, device: CPUDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
+        self.image = elf.load(lib)
+        self.fn_addr: int = self.image.symbol(name)
+
+
+class CPUQueue(HWQueue):
+    """Encodes HCQ commands into 64-byte records (see records.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cmd_ends: list[int] = []  # record index just past each command
+        self._block: tuple[int, int] | None = None  # (address, bytes) of the bound block
+        self._last_run_end = 0  # ring position just past this queue's last RUN_BLOCK record
+
+    def _record(self, op: Op, *operands: Value, extra: Sequence[Value] = ()) -> None:
+        if len(operands) >= RECORD_WORDS:
+            raise ValueError(f"a record has {RECORD_WORDS - 1} operand words, got {len(operands)}")
+        self._emit(int(op), *operands, *([0] * (RECORD_WORDS - 1 - len(operands))), *extra)
+        self._cmd_ends.append(len(self._words) // RECORD_WORDS)
+
+    def _wait(self, signal: Signal, value: Value) -> None:
+        self._record(Op.WAIT, signal.address, value)
+
+    def _signal(self, signal: Signal, value: Value) -> None:
+        self._record(Op.SIGNAL, signal.address, value)
+
+    def _timestamp(self, signal: Signal) -> None:
+        self._record(Op.TIMESTAMP, signal.timestamp_address)
+
+    def _exec(self, program: Program, args: list[Value], global_size: tuple[Value, ...],
+              local_size: tuple[Value, ...]) -> None:
+        fn = getattr(program, "fn_addr", None)
+        if fn is None:
+            raise TypeError(f"{program!r} is not a CPU program")
+        if any(not (isinstance(g, int) and g == 1) for g in global_size[1:]):
+            raise ValueError(f"CPU launches are 1-D: global_size must be (n, 1, 1), got {global_size}")
+        if isinstance(global_size[0], int) and global_size[0] < 0:
+            raise ValueError(f"negative launch size {global_size[0]}")
+        narg_records = -(-len(args) // RECORD_WORDS)
+        padded = list(args) + [0] * (narg_records * RECORD_WORDS - len(args))
+        self._record(Op.EXEC, fn, global_size[0], len(args), narg_records, extra=padded)
+
+    def _copy(self, dst: Value, src: Value, nbytes: Value) -> None:
+        self._record(Op.COPY, dst, src, nbytes)
+
+    def _memory_barrier(self) -> None:
+        self._record(Op.MEMORY_BARRIER)
+
+    def _bind(self, device: Any) -> None:
+        dev = _as_cpu(device)
+        words = self.words()
+        nbytes = max(words.nbytes, RECORD_BYTES)
+        addr = dev.os.mmap(nbytes)
+        block = u64_array(addr, words.size)
+        block[:] = words
+        self._bound_words = block
+        self._block = (addr, nbytes)
+        weakref.finalize(self, dev.os.munmap, addr, nbytes)
+
+    def _before_patch(self, device: Any) -> None:
+        if self._block is not None and self._last_run_end:
+            # The block is patched in place: its previous run must have retired first.
+            _as_cpu(device).wait_retired(self._last_run_end, queue=self.name)
+
+    def _submit(self, device: Any) -> None:
+        dev = _as_cpu(device)
+        if self._block is not None:
+            run = np.zeros((1, RECORD_WORDS), dtype=np.uint64)
+            run[0, :3] = (Op.RUN_BLOCK, self._block[0], len(self._words) // RECORD_WORDS)
+            self._last_run_end = dev.push(run, [1], self)
+        else:
+            dev.push(self.words().reshape(-1, RECORD_WORDS), self._cmd_ends, self)
+
+
+def _as_cpu(device: Any) -> CPUDevice:
+    if not isinstance(device, CPUDevice):
+        raise TypeError(f"a CPU queue cannot run on {device!r}")
+    return device
+
+
+def _thread_count(threads: int | None) -> int:
+    if threads is None:
+        threads = config.getenv_int(THREADS_ENV, 0) or os.cpu_count() or 1
+    if not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"CPU thread count must be in [1, {MAX_THREADS}], got {threads}")
+    return threads
+
+
+class CPUDevice(HCQDevice):
+    """The host CPU as an HCQ device (see the package docstring)."""
+
+    def __init__(self, name: str = "CPU", threads: int | None = None,
+                 ring_records: int = DEFAULT_RING_RECORDS, hostos: HostOS | None = None) -> None:
+        if ring_records < 2 or ring_records & (ring_records - 1):
+            raise ValueError(f"ring_records must be a power of two >= 2, got {ring_records}")
+        self.os = hostos if hostos is not None else HostOS()
+        super().__init__(name, CPUAllocator(self), host_compiler())
+        self.threads = _thread_count(threads)
+        self.ring_records = ring_records
+        self.ring_timeout_s = DEFAULT_TIMEOUT_S
+        self._native = _NativeState(self.os, ring_records, self.threads, name)
+        self._finalizer = weakref.finalize(self, self._native.shutdown)
+        self._read_signal = Signal(None, address=self._native.ctx_addr + CTX.READ_INDEX * WORD_BYTES,
+                                   owner=name, name="command ring read index",
+                                   keepalive=self._native)
+        self._inflight: deque[tuple[int, object]] = deque()
+        self._ring_lock = threading.Lock()  # host threads may submit concurrently; the ring is shared
+
+    # ------------------------------------------------------------------ HCQDevice API
+    def queue(self) -> CPUQueue:
+        return CPUQueue()
+
+    def program(self, name: str, lib: bytes) -> CPUProgram:
+        return CPUProgram(self, name, lib)
+
+    def check_fault(self) -> None:
+        if not self._finalizer.alive:
+            raise DeviceFault(f"{self.name} is closed")
+        bad = int(self._native.ctx[CTX.FAULT])
+        if bad:
+            raise DeviceFault(f"{self.name}: the command processor met a record with unknown opcode {bad}")
+
+    def close(self, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Stop the workers (a QUIT record; queued work gets `drain_timeout_s` to finish before it is
+        abandoned), join them and unmap the ring; cached buffers are released too."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            self._native.shutdown(drain_timeout_s)
+            self._inflight.clear()
+            self.allocator.free_cache()  # no thread runs any more, so nothing can still use them
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    # ------------------------------------------------------------------ ring
+    @property
+    def read_index(self) -> int:
+        """Records the command processor has retired."""
+        return int(self._native.ctx[CTX.READ_INDEX])
+
+    @property
+    def write_index(self) -> int:
+        """Records the host has published."""
+        return self._native.write_index
+
+    def wait_retired(self, position: int, queue: str = "ring", timeout_s: float | None = None) -> None:
+        """Wait until the processor has retired every record before ring position `position`."""
+        self._read_signal.wait(position, self.ring_timeout_s if timeout_s is None else timeout_s,
+                               queue=queue, check=self.check_fault)
+
+    def push(self, records: np.ndarray, cmd_ends: list[int], owner: object) -> int:
+        """Copy whole commands into the ring (never over unretired records, never wrapping a command),
+        ring the doorbell, keep `owner` alive until they retire; returns the ring position after them."""
+        with self._ring_lock:
+            return self._push_locked(records, cmd_ends, owner)
+
+    def _push_locked(self, records: np.ndarray, cmd_ends: list[int], owner: object) -> int:
+        self.check_fault()
+        st = self._native
+        cap, mask = self.ring_records, self.ring_records - 1
+        self._retire()
+        i, ci, total = 0, 0, len(records)
+        name = getattr(owner, "name", "queue")
+        while i < total:
+            w = st.write_index
+            slot = w & mask
+            free = cap - (w - int(st.ctx[CTX.READ_INDEX]))
+            room = min(cap - slot, free)
+            j = bisect.bisect_right(cmd_ends, i + room, lo=ci) - 1
+            if j >= ci:
+                n = cmd_ends[j] - i
+                st.ring[slot:slot + n] = records[i:i + n]
+                st.write_index = w + n
+                i, ci = i + n, j + 1
+                continue
+            need = cmd_ends[ci] - i
+            if need > cap:
+                raise ValueError(f"{name}: a command of {need} records does not fit a ring of {cap}")
+            if cap - slot < need:
+                if free >= cap - slot:  # pad to the ring's end so the command stays contiguous
+                    st.ring[slot:] = 0
+                    st.write_index = w + cap - slot
+                    continue
+                need = cap - slot
+            st.ring_doorbell()  # what is already written must run, or the space never frees up
+            self.wait_retired(w + need - cap, queue=name)
+        st.ring_doorbell()
+        self._inflight.append((st.write_index, owner))
+        return st.write_index
+
+    def _retire(self) -> None:
+        done = self.read_index
+        while self._inflight and self._inflight[0][0] <= done:
+            self._inflight.popleft()
+
+    def synchronize(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().synchronize(timeout_s)
+        self._retire()
+

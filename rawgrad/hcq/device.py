@@ -1,0 +1,171 @@
+"""The device base and the process-wide device registry (`Device["CPU"]`, `Device.DEFAULT`)."""
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rawgrad import config
+from rawgrad.hcq.allocator import Allocator
+from rawgrad.hcq.program import Program
+from rawgrad.hcq.queue import HWQueue
+from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
+
+__all__ = ["Device", "DeviceRegistry", "HCQDevice"]
+
+# The package whose import makes every available driver register itself.
+DRIVERS_PACKAGE = "rawgrad.drivers"
+
+
+class HCQDevice:
+    """One device: a timeline signal, an allocator, a compiler and queue/program factories.
+
+    `timeline_value` is the next value the timeline will be signalled with; every piece of work
+    submitted on the timeline signals it, so `synchronize` waits for `timeline_value - 1`.
+    """
+
+    def __init__(self, name: str, allocator: Allocator, compiler: Any = None) -> None:
+        self.name = name
+        self.allocator = allocator
+        self.compiler = compiler
+        self.timeline_signal: Signal = self.new_signal(0, name=f"{name} timeline")
+        self.timeline_value: int = 1
+        self._timing: tuple[Signal, Signal] | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    def new_signal(self, value: int = 0, name: str | None = None) -> Signal:
+        """A signal this device's queues can wait on and write (host memory by default)."""
+        return Signal(value, owner=self.name, name=name)
+
+    def timing_signals(self) -> tuple[Signal, Signal]:
+        """A reusable pair of signals whose timestamp slots bracket a timed launch."""
+        if self._timing is None:
+            self._timing = (self.new_signal(name=f"{self.name} timing start"),
+                            self.new_signal(name=f"{self.name} timing end"))
+        return self._timing
+
+    def next_timeline_value(self) -> int:
+        """Reserve the next timeline value (the caller must signal it)."""
+        value = self.timeline_value
+        self.timeline_value += 1
+        return value
+
+    def queue(self) -> HWQueue:
+        """A new, empty compute queue for this device."""
+        raise NotImplementedError
+
+    def program(self, name: str, lib: bytes) -> Program:
+        """Load kernel `name` from the compiled binary `lib`."""
+        raise NotImplementedError
+
+    def check_fault(self) -> None:
+        """Raise DeviceFault if the device reported an error (called while waiting)."""
+
+    def synchronize(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Wait until every piece of work submitted on the timeline has finished."""
+        self.timeline_signal.wait(self.timeline_value - 1, timeout_s, queue="synchronize",
+                                  check=self.check_fault)
+        self.check_fault()
+
+    def close(self) -> None:
+        """Release the device's threads and memory; the device is unusable afterwards."""
+
+
+Factory = Callable[[str], HCQDevice]
+Probe = Callable[[], bool]
+
+
+class DeviceRegistry:
+    """Maps device names ("CPU", "NV:1") to lazily created, process-wide device instances."""
+
+    def __init__(self) -> None:
+        self._drivers: dict[str, tuple[Factory, Probe, int]] = {}
+        self._instances: dict[str, HCQDevice] = {}
+        self._lock = threading.RLock()
+        self._drivers_loaded = False
+        self.driver_errors: dict[str, BaseException] = {}
+
+    def register(self, kind: str, factory: Factory, *, probe: Probe | None = None,
+                 priority: int = 0) -> None:
+        """Make `kind` available. `factory(full_name)` builds a device; `probe()` says whether this
+        machine has one (for auto-detection, highest `priority` first)."""
+        kind = kind.upper()
+        if not kind.isalnum():
+            raise ValueError(f"device kind must be alphanumeric, got {kind!r}")
+        self._drivers[kind] = (factory, probe or (lambda: True), priority)
+
+    def record_driver_error(self, kind: str, error: BaseException) -> None:
+        """Remember why a driver could not load, to explain a later lookup of that kind."""
+        self.driver_errors[kind.upper()] = error
+
+    def _load_drivers(self) -> None:
+        if not self._drivers_loaded:
+            self._drivers_loaded = True
+            importlib.import_module(DRIVERS_PACKAGE)
+
+    @property
+    def known(self) -> list[str]:
+        """Registered device kinds."""
+        self._load_drivers()
+        return sorted(self._drivers)
+
+    def canonicalize(self, name: str) -> str:
+        """"cpu" -> "CPU", "nv:0" -> "NV", "nv:1" -> "NV:1"; ValueError for unknown kinds."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"device name must be a non-empty string, got {name!r}")
+        kind, _, index = name.strip().partition(":")
+        kind = kind.upper()
+        self._load_drivers()
+        if kind not in self._drivers:
+            why = self.driver_errors.get(kind)
+            extra = f" (the {kind} driver failed to load: {why!r})" if why is not None else ""
+            raise ValueError(f"unknown device {name!r}; known devices: {', '.join(self.known)}{extra}")
+        if index and not index.isdigit():
+            raise ValueError(f"device index in {name!r} must be a non-negative integer")
+        return kind if index in ("", "0") else f"{kind}:{int(index)}"
+
+    def __getitem__(self, name: str) -> HCQDevice:
+        full = self.canonicalize(name)
+        dev = self._instances.get(full)
+        if dev is None:
+            with self._lock:
+                dev = self._instances.get(full)
+                if dev is None:
+                    factory = self._drivers[full.partition(":")[0]][0]
+                    dev = self._instances[full] = factory(full)
+        return dev
+
+    @property
+    def DEFAULT(self) -> str:  # noqa: N802 - the public name the design uses
+        """`DEV` from the environment, else the highest-priority kind whose probe succeeds."""
+        env = config.DEV()
+        if env:
+            return self.canonicalize(env)
+        self._load_drivers()
+        for kind, (_, probe, _) in sorted(self._drivers.items(), key=lambda kv: -kv[1][2]):
+            try:
+                if probe():
+                    return kind
+            except Exception:  # a broken driver must not stop auto-detection of the others
+                continue
+        raise RuntimeError(f"no usable device found among {self.known}")
+
+    def opened(self) -> list[str]:
+        """Names of devices created so far."""
+        return sorted(self._instances)
+
+    def close(self, name: str) -> None:
+        """Close one device instance and forget it (a later lookup creates a fresh one)."""
+        dev = self._instances.pop(self.canonicalize(name), None)
+        if dev is not None:
+            dev.close()
+
+    def close_all(self) -> None:
+        for name in list(self._instances):
+            self._instances.pop(name).close()
+
+
+Device = DeviceRegistry()

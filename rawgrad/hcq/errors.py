@@ -1,0 +1,28 @@
+"""Errors raised by the HCQ core and its drivers."""
+from __future__ import annotations
+
+__all__ = ["DeviceFault", "DeviceTimeout", "HCQError", "OutOfVirtualMemory"]
+
+
+class HCQError(Exception):
+    """Base class of every error the HCQ layer raises on its own behalf."""
+
+
+class DeviceTimeout(HCQError, TimeoutError):
+    """A wait ran past its timeout; the message names who waited on what, and how far it got."""
+
+    def __init__(self, device: str, queue: str, signal: str, expected: int, current: int,
+                 timeout_s: float, detail: str = "") -> None:
+        msg = (f"{device}: {queue} timed out after {timeout_s:g} s waiting for {signal} >= {expected} "
+               f"(current value {current})")
+        super().__init__(msg + (f"; {detail}" if detail else ""))
+        self.device, self.queue, self.signal = device, queue, signal
+        self.expected, self.current, self.timeout_s = expected, current, timeout_s
+
+
+class DeviceFault(HCQError):
+    """The device reported an error while running commands (bad record, bad launch, ...)."""
+
+
+class OutOfVirtualMemory(HCQError, MemoryError):
+    """A virtual-address range allocator has no free range that fits the request."""

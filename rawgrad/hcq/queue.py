@@ -1,0 +1,259 @@
+"""The hardware queue base: the HCQ command vocabulary, patch points and replay.
+
+A driver subclass encodes each command into machine words (`_emit`); the base keeps the words, the patch
+points and the objects the commands refer to. Any numeric operand may be a symbolic `UOp` (a
+DEFINE_VAR, or integer arithmetic over DEFINE_VARs): `_emit` records a patch point at its word and
+`submit(device, var_vals)` evaluates the expression and rewrites only the words whose value changed
+since this queue's previous submit. After `bind(device)` the words live in device-visible memory, so a
+replay is one patch pass plus one doorbell.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.hcq.allocator import HCQBuffer
+from rawgrad.hcq.signal import Signal
+
+if TYPE_CHECKING:
+    from rawgrad.hcq.device import HCQDevice
+    from rawgrad.hcq.program import Program
+
+__all__ = ["HWQueue", "KernelArg", "PatchPoint", "Value", "sym_eval"]
+
+Value = int | UOp
+KernelArg = HCQBuffer | int | UOp
+
+
+def sym_eval(expr: UOp, var_vals: Mapping[UOp, int]) -> int:
+    """Evaluate an integer expression over DEFINE_VARs with the values in `var_vals`."""
+    op = expr.op
+    if op is Ops.CONST:
+        return int(expr.arg)
+    if op is Ops.BIND:
+        return int(expr.src[1].arg)
+    if op is Ops.DEFINE_VAR:
+        if expr not in var_vals:
+            name, lo, hi = expr.arg
+            raise KeyError(f"no value for variable {name!r} (range [{lo}, {hi}]) in var_vals; "
+                           f"got {sorted(v.arg[0] for v in var_vals)}")
+        value = var_vals[expr]
+        name, lo, hi = expr.arg
+        if not lo <= value <= hi:
+            raise ValueError(f"variable {name!r} = {value} is outside its range [{lo}, {hi}]")
+        return int(value)
+    args = [sym_eval(s, var_vals) for s in expr.src]
+    fn = _EVAL.get(op)
+    if fn is None:
+        raise TypeError(f"cannot evaluate a {op} in a patch-point expression: {expr.render()}")
+    return fn(*args)
+
+
+def _c_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_EVAL: dict[Ops, Any] = {
+    Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
+    Ops.IDIV: _c_div, Ops.MOD: lambda a, b: a - _c_div(a, b) * b, Ops.MAX: max, Ops.NEG: lambda a: -a,
+    Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.AND: lambda a, b: a & b,
+    Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b, Ops.CMPLT: lambda a, b: int(a < b),
+    Ops.CMPNE: lambda a, b: int(a != b), Ops.CMPEQ: lambda a, b: int(a == b),
+    Ops.WHERE: lambda c, a, b: a if c else b,
+}
+
+
+@dataclass(frozen=True)
+class PatchPoint:
+    """Word `index` holds bits [shift, shift + word bits) of the value of `expr`."""
+
+    index: int
+    expr: UOp
+    shift: int = 0
+
+
+class HWQueue:
+    """A sequence of HCQ commands for one device kind. Every command method returns self.
+
+    Drivers implement `_wait`, `_signal`, `_timestamp`, `_exec`, `_copy`, `_memory_barrier`, `_bind`
+    and `_submit`, encoding through `_emit`. `WORD_BITS` is the driver's word width (64 on the CPU,
+    32 for GPU pushbuffers).
+    """
+
+    WORD_BITS = 64
+
+    def __init__(self) -> None:
+        self._words: list[int] = []
+        self._patches: list[PatchPoint] = []
+        self._last: list[int | None] = []
+        self._refs: list[object] = []
+        self._array: np.ndarray | None = None
+        self._bound_words: np.ndarray | None = None
+        self.bound_device: HCQDevice | None = None
+        self.name = f"{type(self).__name__}@{id(self):#x}"
+
+    # ------------------------------------------------------------------ encoder helpers for drivers
+    def _emit(self, *words: Value) -> int:
+        """Append words (symbolic ones become patch points); returns the index of the first."""
+        if self.bound_device is not None:
+            raise RuntimeError(f"{self.name} is bound to {self.bound_device.name}; build a new queue to "
+                               f"add commands")
+        start = len(self._words)
+        mask = (1 << self.WORD_BITS) - 1
+        for w in words:
+            if isinstance(w, UOp):
+                self._add_patch(PatchPoint(len(self._words), w))
+                self._words.append(0)
+            elif isinstance(w, int):
+                self._words.append(w & mask)
+            else:
+                raise TypeError(f"queue operand must be an int or a symbolic UOp, got {type(w).__name__}")
+        self._array = None
+        return start
+
+    def _emit_wide(self, value: Value, nwords: int) -> int:
+        """Append a value spread little-endian over `nwords` words (a 64-bit address on a 32-bit ring)."""
+        start = len(self._words)
+        if isinstance(value, UOp):
+            self._emit(*([0] * nwords))
+            for i in range(nwords):
+                self._add_patch(PatchPoint(start + i, value, i * self.WORD_BITS))
+        elif isinstance(value, int):
+            self._emit(*[(value >> (i * self.WORD_BITS)) for i in range(nwords)])
+        else:
+            self._emit(value)  # raises the operand TypeError
+        return start
+
+    def _add_patch(self, p: PatchPoint) -> None:
+        self._patches.append(p)
+        self._last.append(None)
+
+    def _set_word(self, index: int, value: int) -> None:
+        self._words[index] = value
+        if self._array is not None:
+            self._array[index] = value
+        if self._bound_words is not None:
+            self._bound_words[index] = value
+
+    def words(self) -> np.ndarray:
+        """The encoded words as a uint64 array (cached until the next command is added)."""
+        if self._array is None:
+            self._array = np.array(self._words, dtype=np.uint64)
+        return self._array
+
+    @property
+    def patch_points(self) -> list[PatchPoint]:
+        return list(self._patches)
+
+    # ------------------------------------------------------------------ the vocabulary
+    def wait(self, signal: Signal, value: Value) -> HWQueue:
+        """Stall the queue until `signal.value >= value`."""
+        self._refs.append(signal)
+        self._wait(signal, value)
+        return self
+
+    def signal(self, signal: Signal, value: Value) -> HWQueue:
+        """After all prior work of this queue, write `value` into `signal`."""
+        self._refs.append(signal)
+        self._signal(signal, value)
+        return self
+
+    def timestamp(self, signal: Signal) -> HWQueue:
+        """Write the device clock (ns) into the signal's timestamp slot."""
+        self._refs.append(signal)
+        self._timestamp(signal)
+        return self
+
+    def exec(self, program: Program, args: Sequence[KernelArg], global_size: Sequence[Value] = (1, 1, 1),
+             local_size: Sequence[Value] = (1, 1, 1)) -> HWQueue:
+        """Launch `program`; `args` are buffers (passed as addresses) then integer scalars."""
+        if len(global_size) != 3 or len(local_size) != 3:
+            raise ValueError(f"global_size and local_size need 3 entries, got {global_size}, {local_size}")
+        self._refs.append(program)
+        words: list[Value] = []
+        for a in args:
+            if isinstance(a, HCQBuffer):
+                self._refs.append(a)
+                words.append(a.va_addr)
+            elif isinstance(a, (int, UOp)) and not isinstance(a, bool):
+                words.append(a)
+            else:
+                raise TypeError(f"kernel argument must be an HCQBuffer, int or UOp, got {type(a).__name__}")
+        self._exec(program, words, tuple(global_size), tuple(local_size))
+        return self
+
+    def copy(self, dst: Value, src: Value, nbytes: Value) -> HWQueue:
+        """Copy `nbytes` from address `src` to address `dst` (ranges may overlap)."""
+        self._copy(dst, src, nbytes)
+        return self
+
+    def memory_barrier(self) -> HWQueue:
+        """Make prior writes visible to later work on this queue."""
+        self._memory_barrier()
+        return self
+
+    def bind(self, device: HCQDevice) -> HWQueue:
+        """Place the encoded commands in `device`-visible memory so `submit` replays them in one go."""
+        if self.bound_device is not None:
+            raise RuntimeError(f"{self.name} is already bound to {self.bound_device.name}")
+        self._bind(device)
+        self.bound_device = device
+        return self
+
+    def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
+        """Resolve the patch points from `var_vals`, rewrite the changed words, ring the doorbell."""
+        if self.bound_device is not None and self.bound_device is not device:
+            raise ValueError(f"{self.name} is bound to {self.bound_device.name}, not {device.name}")
+        if self._patches:
+            vals = var_vals if var_vals is not None else {}
+            changed: list[tuple[int, int]] = []
+            mask = (1 << self.WORD_BITS) - 1
+            cache: dict[UOp, int] = {}
+            for i, p in enumerate(self._patches):
+                v = cache.get(p.expr)
+                if v is None:
+                    v = cache[p.expr] = sym_eval(p.expr, vals)
+                word = (v >> p.shift) & mask
+                if self._last[i] != word:
+                    changed.append((i, word))
+            if changed:
+                self._before_patch(device)
+                for i, word in changed:
+                    self._set_word(self._patches[i].index, word)
+                    self._last[i] = word
+        self._submit(device)
+        return self
+
+    # ------------------------------------------------------------------ driver hooks
+    def _before_patch(self, device: HCQDevice) -> None:
+        """Called before words are rewritten; a bound queue waits here until its last run retired."""
+
+    def _wait(self, signal: Signal, value: Value) -> None:
+        raise NotImplementedError
+
+    def _signal(self, signal: Signal, value: Value) -> None:
+        raise NotImplementedError
+
+    def _timestamp(self, signal: Signal) -> None:
+        raise NotImplementedError
+
+    def _exec(self, program: Program, args: list[Value], global_size: tuple[Value, ...],
+              local_size: tuple[Value, ...]) -> None:
+        raise NotImplementedError
+
+    def _copy(self, dst: Value, src: Value, nbytes: Value) -> None:
+        raise NotImplementedError
+
+    def _memory_barrier(self) -> None:
+        raise NotImplementedError
+
+    def _bind(self, device: HCQDevice) -> None:
+        raise NotImplementedError
+
+    def _submit(self, device: HCQDevice) -> None:
+        raise NotImplementedError
