@@ -85,9 +85,9 @@ class Ops(Enum):
     STORE = auto()  # kernel: src (DEFINE_GLOBAL, VIEW, value); loops: src (INDEX, value)
 
     # ---- loops
-    RANGE = auto()  # src: (end,), arg: (axis number, kind) ; counts 0..end-1
+    RANGE = auto()  # src: (start, end), arg: (loop number, kind); counts start..end-1
     ENDRANGE = auto()  # src: (RANGE,)
-    SPECIAL = auto()  # arg: name of a launch index (e.g. 'gidx0')
+    SPECIAL = auto()  # arg: (name, max value): a launch parameter such as the global range start
     INDEX = auto()  # src: (DEFINE_GLOBAL, index): the address of one element
     DEFINE_ACC = auto()  # src: (init value, *reduce RANGEs), arg: accumulator number
     ACC_UPDATE = auto()  # src: (DEFINE_ACC, new value): store into the accumulator inside its loops
@@ -376,11 +376,29 @@ SInt = Any  # int | UOp; kept as Any so mypy accepts arithmetic on mixed sizes
 
 
 # ---------------------------------------------------------------------- constant folding
+def _c_idiv(x: Any, y: Any) -> Any:
+    """C division (truncating toward zero); exact for ints of any size, where `int(x / y)` is not."""
+    if y == 0:
+        return 0
+    if isinstance(x, int) and isinstance(y, int):
+        q = abs(x) // abs(y)
+        return q if (x < 0) == (y < 0) else -q
+    return int(x / y)
+
+
+def _c_mod(x: Any, y: Any) -> Any:
+    """C remainder (sign of the dividend), exact for ints of any size."""
+    if y == 0:
+        return 0
+    if isinstance(x, int) and isinstance(y, int):
+        return x - y * _c_idiv(x, y)
+    return int(math.fmod(x, y))
+
+
 _PY_ALU: dict[Ops, Callable[..., Any]] = {
     Ops.NEG: lambda x: -x, Ops.ADD: lambda x, y: x + y, Ops.SUB: lambda x, y: x - y,
     Ops.MUL: lambda x, y: x * y, Ops.MAX: lambda x, y: max(x, y),
-    Ops.IDIV: lambda x, y: int(x / y) if y != 0 else 0,
-    Ops.MOD: lambda x, y: int(math.fmod(x, y)) if y != 0 else 0,
+    Ops.IDIV: lambda x, y: _c_idiv(x, y), Ops.MOD: lambda x, y: _c_mod(x, y),
     Ops.CMPLT: lambda x, y: x < y, Ops.CMPNE: lambda x, y: x != y, Ops.CMPEQ: lambda x, y: x == y,
     Ops.AND: lambda x, y: x & y if not isinstance(x, bool) else x and y,
     Ops.OR: lambda x, y: x | y if not isinstance(x, bool) else x or y,
@@ -442,9 +460,9 @@ def _compute_bounds(u: UOp) -> tuple[Any, Any]:
     if u.op is Ops.BIND:
         return u.src[0].vmin, u.src[0].vmax
     if u.op is Ops.RANGE:
-        return 0, u.src[0].vmax - 1
+        return u.src[0].vmin, u.src[1].vmax - 1
     if u.op is Ops.SPECIAL:
-        return 0, u.arg[1] - 1 if isinstance(u.arg, tuple) else dt.max()  # type: ignore[union-attr]
+        return 0, u.arg[1]
     if dt is None:
         return -math.inf, math.inf
     if dt.is_bool and u.op in COMPARISON:

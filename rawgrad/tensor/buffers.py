@@ -1,51 +1,83 @@
 """Tensor-graph BUFFER nodes and the device memory behind them.
 
 A BUFFER UOp's arg is (uid, size in elements); its dtype is the element type and its only source is the
-DEVICE node. The memory lives in `_storage`, keyed weakly by the UOp, so it is released as soon as no
-graph refers to the buffer any more.
-
-TEMPORARY: storage is host numpy arrays until the HCQ allocator lands; the functions below are the
-interface the Tensor layer and the realize loop use, and stay the same when the storage moves.
+DEVICE node. Device memory is allocated on first use and kept in `_storage`, keyed weakly by the UOp,
+so it goes back to the device allocator as soon as no graph refers to the buffer any more.
 """
 from __future__ import annotations
 
 import itertools
 import weakref
+from typing import Any
 
 import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType
+from rawgrad.hcq.device import Device, HCQDevice
 
 _uids = itertools.count()
-_storage: weakref.WeakKeyDictionary[UOp, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+class DeviceMemory:
+    """One allocation on one device, returned to the allocator when collected."""
+
+    __slots__ = ("device", "hcq_buffer", "nbytes", "__weakref__")
+
+    def __init__(self, device: HCQDevice, nbytes: int):
+        self.device = device
+        self.nbytes = nbytes
+        # zero-byte buffers get no memory: nothing may read or write them
+        self.hcq_buffer: Any = device.allocator.alloc(nbytes) if nbytes > 0 else None
+        if self.hcq_buffer is not None:
+            weakref.finalize(self, device.allocator.free, self.hcq_buffer)
+
+    @property
+    def address(self) -> int:
+        return 0 if self.hcq_buffer is None else self.hcq_buffer.va_addr
+
+
+_storage: weakref.WeakKeyDictionary[UOp, DeviceMemory] = weakref.WeakKeyDictionary()
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
-    """A fresh, uninitialised buffer of `size` elements on `device`."""
+    """A fresh buffer node of `size` elements on `device` (memory is allocated when first needed)."""
     if not isinstance(size, int) or size < 0:
         raise ValueError(f"buffer size must be a non-negative int, got {size!r}")
-    return UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=device),), (next(_uids), size))
+    return UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=Device.canonicalize(device)),), (next(_uids), size))
+
+
+def device_memory(buf: UOp) -> DeviceMemory:
+    """The memory behind a BUFFER node, allocating it on first use."""
+    if buf.op is not Ops.BUFFER:
+        raise TypeError(f"expected a BUFFER node, got {buf.op}")
+    mem = _storage.get(buf)
+    if mem is None:
+        assert buf.dtype is not None
+        mem = DeviceMemory(Device[buf.device], buf.arg[1] * buf.dtype.itemsize)
+        _storage[buf] = mem
+    return mem
 
 
 def buffer_from_numpy(arr: np.ndarray, dtype: DType, device: str) -> UOp:
-    """A buffer on `device` holding a copy of `arr` (already converted to dtype's host layout)."""
+    """A buffer on `device` holding a copy of `arr` (already in dtype's host layout)."""
     flat = np.ascontiguousarray(arr).reshape(-1)
     if flat.dtype != dtype.np:
         raise TypeError(f"host array of {flat.dtype} cannot back a {dtype} buffer")
     buf = new_buffer(device, flat.size, dtype)
-    _storage[buf] = flat.copy()
+    buffer_write(buf, flat)
     return buf
 
 
 def buffer_numpy(buf: UOp) -> np.ndarray:
-    """The buffer's contents as a flat host array in dtype's host layout (a copy)."""
-    if buf.op is not Ops.BUFFER:
-        raise TypeError(f"expected a BUFFER node, got {buf.op}")
-    data = _storage.get(buf)
-    if data is None:
-        raise RuntimeError("buffer has no data yet (it was never realized)")
-    return data.copy()
+    """The buffer's contents as a flat host array in dtype's host layout (waits for pending work)."""
+    assert buf.dtype is not None
+    out = np.empty(buf.arg[1], dtype=buf.dtype.np)
+    mem = device_memory(buf)  # a never-written buffer (Tensor.empty) reads as whatever it holds
+    if mem.hcq_buffer is not None:
+        mem.device.synchronize()
+        mem.device.allocator.copyout(memoryview(out).cast("B"), mem.hcq_buffer)
+    return out
 
 
 def buffer_write(buf: UOp, flat: np.ndarray) -> None:
@@ -53,7 +85,11 @@ def buffer_write(buf: UOp, flat: np.ndarray) -> None:
     assert buf.dtype is not None
     if flat.size != buf.arg[1] or flat.dtype != buf.dtype.np:
         raise ValueError(f"write of {flat.size} x {flat.dtype} into a buffer of {buf.arg[1]} x {buf.dtype}")
-    _storage[buf] = np.ascontiguousarray(flat).reshape(-1).copy()
+    mem = device_memory(buf)
+    if mem.hcq_buffer is not None:
+        # kernels still queued may read this memory: let them finish before the host overwrites it
+        mem.device.synchronize()
+        mem.device.allocator.copyin(mem.hcq_buffer, memoryview(np.ascontiguousarray(flat)).cast("B"))
 
 
 def is_allocated(buf: UOp) -> bool:

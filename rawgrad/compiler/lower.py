@@ -1,0 +1,230 @@
+"""Lower a kernel (SINK of one STORE, see tensor/schedule.py) to a linear program of loops.
+
+The kernel's loop space is `full_shape`: the output shape, with the reduced axes at their input size.
+Output axes are looped outside, reduce axes inside. The leading output axes form the *global range*
+that the device splits across workers (CPU threads); the kernel receives [start, end) of it.
+Optimizations (compiler/opt.py) may *upcast* output axes: split an axis by a factor and unroll the
+factor, so one iteration computes a small register tile (matmul) and loads are shared.
+
+The linear program is a list of statement UOps in execution order:
+  RANGE (loop begins; also usable as the loop counter value), ENDRANGE, DEFINE_ACC (an accumulator,
+  initialised where it appears), ACC_UPDATE (acc = value), STORE(INDEX(buf, idx), value)
+with expression DAGs (ALU, CAST, BITCAST, CONST, LOAD(INDEX[, valid]), LOAD(acc), DEFINE_VAR, SPECIAL)
+hanging off them. A renderer emits each expression where it is first needed inside its loop.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rawgrad.compiler.ir import ALU, Ops, UOp, prod
+from rawgrad.compiler.opt import KernelOpts, choose_opts
+from rawgrad.compiler.symbolic import simplify
+from rawgrad.dtype import DType, dtypes
+
+if TYPE_CHECKING:
+    from rawgrad.compiler.view import ShapeTracker
+
+_IDX = dtypes.index
+
+
+@dataclass
+class LinearProgram:
+    """What a renderer receives: statements in order plus the kernel's calling convention."""
+
+    name: str
+    statements: list[UOp]
+    globals: list[UOp]  # DEFINE_GLOBAL by slot
+    variables: list[UOp]  # DEFINE_VAR in argument order (after the buffers)
+    global_size: Any  # int or UOp over `variables`: how many global indices the launch covers
+    opts: KernelOpts = field(default_factory=KernelOpts)
+
+
+def reduce_identity(op: Ops, dtype: DType) -> Any:
+    if op is Ops.ADD:
+        return False if dtype.is_bool else 0
+    if op is Ops.MUL:
+        return True if dtype.is_bool else 1
+    if op is Ops.MAX:
+        return dtype.min()
+    raise ValueError(f"unknown reduce op {op}")
+
+
+def _c(v: int) -> UOp:
+    return UOp.const(_IDX, v)
+
+
+def _sint(v: Any) -> UOp:
+    return v if isinstance(v, UOp) else _c(v)
+
+
+class _Lowerer:
+    def __init__(self, ast: UOp, name: str):
+        assert ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE, "kernel must store once"
+        self.ast = ast
+        self.name = name
+        self.store = ast.src[0]
+        self.out_global, out_view, self.value = self.store.src
+        self.out_st: ShapeTracker = out_view.arg
+        self.out_shape = self.out_st.shape
+        reduces = [n for n in self.value.toposort() if n.op is Ops.REDUCE_AXIS]
+        if len(reduces) > 1:
+            raise ValueError("a kernel may hold at most one reduce")
+        self.reduce = reduces[0] if reduces else None
+        self.full_shape: tuple[Any, ...] = self.reduce.arg[2] if self.reduce is not None else self.out_shape
+        self.reduce_axes: tuple[int, ...] = tuple(self.reduce.arg[1]) if self.reduce is not None else ()
+        self.globals = sorted({n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}, key=lambda g: g.arg)
+        variables: set[UOp] = {n for n in ast.toposort() if n.op is Ops.DEFINE_VAR}
+        for d in self.full_shape:
+            if isinstance(d, UOp):
+                variables.update(d.variables())
+        for n in ast.toposort():
+            if n.op is Ops.VIEW:
+                for d in n.arg.shape:
+                    if isinstance(d, UOp):
+                        variables.update(d.variables())
+        self.variables = sorted(variables, key=lambda v: v.arg)
+        self.statements: list[UOp] = []
+        self.loop_count = 0
+
+    def _range(self, start: UOp, end: UOp, kind: str) -> UOp:
+        r = UOp(Ops.RANGE, _IDX, (start, end), (self.loop_count, kind))
+        self.loop_count += 1
+        self.statements.append(r)
+        return r
+
+    def lower(self) -> LinearProgram:
+        n = len(self.full_shape)
+        out_axes = [i for i in range(n) if i not in self.reduce_axes]
+        loads = [x for x in self.value.toposort() if x.op is Ops.LOAD]
+        opts = choose_opts(self.full_shape, out_axes, self.reduce_axes, [ld.src[1].arg for ld in loads],
+                           self.out_st)
+        # loop extent of each axis after upcasting
+        extent = [self.full_shape[i] // opts.upcast.get(i, 1) if i in opts.upcast else self.full_shape[i]
+                  for i in range(n)]
+        loop_axes = [i for i in out_axes if not (isinstance(extent[i], int) and extent[i] == 1)]
+        global_axes = loop_axes[:opts.global_axes]
+        inner_axes = loop_axes[opts.global_axes:]
+        global_size = prod(extent[i] for i in global_axes)
+        base: dict[int, UOp] = {i: _c(0) for i in range(n)}
+        start = UOp(Ops.SPECIAL, _IDX, (), ("start", global_size if isinstance(global_size, int)
+                                                 else int(global_size.vmax)))
+        end = UOp(Ops.SPECIAL, _IDX, (), ("end", global_size if isinstance(global_size, int)
+                                               else int(global_size.vmax)))
+        g = self._range(start, end, "global")
+        stride: Any = 1
+        for i in reversed(global_axes):
+            idx = g // stride if not (isinstance(stride, int) and stride == 1) else g
+            base[i] = idx if i == global_axes[0] else idx % extent[i]
+            stride = stride * extent[i]
+        out_ranges = []
+        for i in inner_axes:
+            base[i] = self._range(_c(0), _sint(extent[i]), "loop")
+            out_ranges.append(base[i])
+        upcast_out = [i for i in out_axes if i in opts.upcast]
+        combos = list(itertools.product(*[range(opts.upcast[i]) for i in upcast_out]))
+
+        def idxs_for(combo: tuple[int, ...], rbase: dict[int, UOp]) -> list[UOp]:
+            out = []
+            for i in range(n):
+                b = rbase.get(i, base[i])
+                if i in opts.upcast:
+                    b = b * opts.upcast[i] + combo[upcast_out.index(i)]
+                out.append(b)
+            return out
+
+        reduce_values: dict[tuple[int, ...], UOp] = {}
+        if self.reduce is not None:
+            rop = self.reduce.arg[0]
+            out_dt = self.reduce.dtype
+            assert out_dt is not None
+            # half-precision sums and products accumulate in float32 (as torch does); max needs no width
+            dt = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) and rop is not Ops.MAX else out_dt
+            accs = {}
+            for k, combo in enumerate(combos):
+                acc = UOp(Ops.DEFINE_ACC, dt, (UOp.const(dt, reduce_identity(rop, dt)),), k)
+                self.statements.append(acc)
+                accs[combo] = acc
+            rbase: dict[int, UOp] = {}
+            red_ranges = []
+            for i in self.reduce_axes:
+                rbase[i] = self._range(_c(0), _sint(self.full_shape[i]), "reduce")
+                red_ranges.append(rbase[i])
+            memo: dict[UOp, UOp] = {}
+            for combo in combos:
+                idxs = idxs_for(combo, rbase)
+                memo.clear()
+                val = self.expr(self.reduce.src[0], idxs, idxs, memo)
+                if val.dtype != dt:
+                    val = UOp(Ops.CAST, dt, (val,))
+                acc = accs[combo]
+                cur = UOp(Ops.LOAD, dt, (acc,), "acc")
+                self.statements.append(UOp(Ops.ACC_UPDATE, None, (acc, _combine(rop, cur, val))))
+            for r in reversed(red_ranges):
+                self.statements.append(UOp(Ops.ENDRANGE, None, (r,)))
+            reduce_values = {}
+            for combo, acc in accs.items():
+                final = UOp(Ops.LOAD, dt, (acc,), "final")
+                reduce_values[combo] = final if dt == out_dt else UOp(Ops.CAST, out_dt, (final,))
+        for combo in combos:
+            out_idxs = idxs_for(combo, {i: _c(0) for i in self.reduce_axes})
+            memo = {}
+            if self.reduce is not None:
+                memo[self.reduce] = reduce_values[combo]
+            val = self.expr(self.value, out_idxs, out_idxs, memo)
+            idx, valid = self.out_st.to_indexed_uops(out_idxs)
+            self.statements.append(UOp(Ops.STORE, None, (UOp(Ops.INDEX, _IDX, (self.out_global, simplify(idx))),
+                                                         val)))
+        for r in reversed(out_ranges):
+            self.statements.append(UOp(Ops.ENDRANGE, None, (r,)))
+        self.statements.append(UOp(Ops.ENDRANGE, None, (g,)))
+        return LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, opts)
+
+    def expr(self, node: UOp, full_idxs: list[UOp], out_idxs: list[UOp], memo: dict[UOp, UOp]) -> UOp:
+        hit = memo.get(node)
+        if hit is not None:
+            return hit
+        op = node.op
+        if op is Ops.LOAD:
+            glob, view = node.src
+            idx, valid = self._index(view.arg, full_idxs, out_idxs)
+            index = UOp(Ops.INDEX, _IDX, (glob, idx))
+            out = UOp(Ops.LOAD, node.dtype, (index,) if valid.is_const(True) else (index, valid))
+        elif op is Ops.CONST:
+            value = UOp.const(node.dtype, node.arg)  # type: ignore[arg-type]
+            if node.src:
+                _, valid = self._index(node.src[0].arg, full_idxs, out_idxs)
+                if valid.is_const(False):
+                    value = UOp.const(node.dtype, 0)  # type: ignore[arg-type]
+                elif not valid.is_const(True):
+                    value = UOp(Ops.WHERE, node.dtype, (valid, value, UOp.const(node.dtype, 0)))  # type: ignore
+            out = value
+        elif op is Ops.DEFINE_VAR:
+            out = node
+        elif op in ALU or op in (Ops.CAST, Ops.BITCAST):
+            out = UOp(op, node.dtype, tuple(self.expr(s, full_idxs, out_idxs, memo) for s in node.src), node.arg)
+        else:
+            raise NotImplementedError(f"lowering cannot handle {op} inside a kernel value")
+        memo[node] = out
+        return out
+
+    def _index(self, st: ShapeTracker, full_idxs: list[UOp], out_idxs: list[UOp]) -> tuple[UOp, UOp]:
+        idxs = full_idxs if tuple(st.shape) == tuple(self.full_shape) else out_idxs
+        idx, valid = st.to_indexed_uops(idxs)
+        return simplify(idx), simplify(valid)
+
+
+def _combine(op: Ops, acc: UOp, val: UOp) -> UOp:
+    if op is Ops.ADD:
+        return UOp(Ops.OR if acc.dtype == dtypes.bool else Ops.ADD, acc.dtype, (acc, val))
+    if op is Ops.MUL:
+        return UOp(Ops.AND if acc.dtype == dtypes.bool else Ops.MUL, acc.dtype, (acc, val))
+    if op is Ops.MAX:
+        return UOp(Ops.MAX, acc.dtype, (acc, val))
+    raise ValueError(op)
+
+
+def lower(ast: UOp, name: str = "kernel") -> LinearProgram:
+    """Turn one kernel AST into a linear program (see module docstring)."""
+    return _Lowerer(ast, name).lower()

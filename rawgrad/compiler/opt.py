@@ -1,0 +1,86 @@
+"""Kernel optimization choices: which axes to upcast (register tiles) and how many axes are global.
+
+Heuristics, each with the reason it pays on a CPU:
+- matmul-like reduces (an output axis that some input broadcasts while another input walks it
+  contiguously) get a register tile: the contiguous axis is upcast by `TILE_CONTIGUOUS` (one or two
+  SIMD vectors) and a broadcast axis by `TILE_BROADCAST`, so every loaded element feeds several
+  multiply-adds instead of one;
+- the global range covers leading output axes until there is enough parallel work for the workers,
+  but keeps the last output axis as an inner loop so the vectorizer sees unit-stride accesses.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+TILE_CONTIGUOUS = 16  # 16 float32 = one AVX-512 vector / two AVX2 vectors
+TILE_BROADCAST = 4  # rows of the register tile; 4 x 16 accumulators fit the 32 AVX-512 registers
+MIN_GLOBAL_WORK = 64  # global indices to aim for so every worker thread gets a share
+
+
+@dataclass
+class KernelOpts:
+    upcast: dict[int, int] = field(default_factory=dict)  # axis -> unroll factor
+    global_axes: int = 1  # how many of the (non-1, output) loop axes form the global range
+
+
+def _stride_of(st: Any, axis: int) -> Any:
+    strides = st.real_strides()
+    return strides[axis] if strides is not None and axis < len(strides) else None
+
+
+def _largest_divisor(dim: Any, choices: tuple[int, ...]) -> int | None:
+    if not isinstance(dim, int):
+        return None
+    for c in choices:
+        if dim % c == 0 and dim >= c:
+            return c
+    return None
+
+
+def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: tuple[int, ...],
+                load_sts: list[Any], out_st: Any) -> KernelOpts:
+    opts = KernelOpts()
+    if os.environ.get("NOOPT", "") not in ("", "0"):
+        return opts
+    if reduce_axes and len(load_sts) >= 2:
+        full_sts = [st for st in load_sts if tuple(st.shape) == tuple(full_shape)]
+        contig_axis = tile_axis = None
+        for st in full_sts:
+            for ax in reversed(out_axes):
+                if _stride_of(st, ax) == 1 and any(_stride_of(o, ax) == 0 for o in full_sts if o is not st):
+                    contig_axis = ax
+                    # the tile's other axis: an output axis this input broadcasts (stride 0)
+                    for ax2 in out_axes:
+                        if ax2 != ax and _stride_of(st, ax2) == 0:
+                            tile_axis = ax2
+                    break
+            if contig_axis is not None:
+                break
+        if contig_axis is not None:
+            f = _largest_divisor(full_shape[contig_axis], (TILE_CONTIGUOUS, 8, 4))
+            if f is not None:
+                opts.upcast[contig_axis] = f
+            if tile_axis is not None:
+                f2 = _largest_divisor(full_shape[tile_axis], (TILE_BROADCAST, 2))
+                if f2 is not None:
+                    opts.upcast[tile_axis] = f2
+    # global axes: leading non-1 output axes until enough work, keeping the last one inner
+    extents = []
+    for ax in out_axes:
+        d = full_shape[ax]
+        if ax in opts.upcast:
+            d = d // opts.upcast[ax]
+        if not (isinstance(d, int) and d == 1):
+            extents.append(d)
+    count, work = 0, 1
+    for i, d in enumerate(extents):
+        if count > 0 and (not isinstance(work, int) or work >= MIN_GLOBAL_WORK):
+            break
+        if count > 0 and i == len(extents) - 1 and isinstance(d, int) and d >= 16:
+            break
+        count += 1
+        work = work * d if isinstance(d, int) and isinstance(work, int) else None
+    opts.global_axes = max(count, 1) if extents else 0
+    return opts

@@ -1,0 +1,453 @@
+"""Render a linear program (compiler/lower.py) as LLVM IR text for the CPU.
+
+Calling convention (what the CPU command processor calls):
+    void @name(ptr %args, i64 %start, i64 %end)
+`args` holds 8-byte words: the buffer addresses by slot, then the Variable values in the program's
+order; the kernel covers global indices [start, end).
+
+Loop counters and accumulators live in allocas in the entry block; LLVM's mem2reg turns them into
+SSA registers, and its loop and SLP vectorizers do the SIMD work. Accumulator updates carry the
+`reassoc` flag so float reductions may be vectorized (the order of a sum is not part of its meaning).
+bfloat16 values are held as float in registers and stored as the top 16 bits, rounded to nearest even.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.lower import LinearProgram
+from rawgrad.dtype import DType, dtypes
+
+# bfloat16 rounding constants (round-to-nearest-even on the float32 bit pattern)
+_BF16_ROUND_BIAS = 0x7FFF
+_BF16_QUIET_NAN = 0x7FC0
+
+
+def reg_type(dt: DType) -> str:
+    """The LLVM type of a value in registers."""
+    if dt == dtypes.bfloat16:
+        return "float"
+    return dt.llvm
+
+
+def mem_type(dt: DType) -> str:
+    """The LLVM type of an element in memory."""
+    if dt == dtypes.bool:
+        return "i8"
+    if dt == dtypes.bfloat16:
+        return "i16"
+    return dt.llvm
+
+
+def _float_const(v: float, dt: DType) -> str:
+    if dt == dtypes.float16:
+        import numpy as np
+        bits = int(np.array([v], dtype=np.float16).view(np.uint16)[0])
+        return f"0xH{bits:04X}"
+    if dt in (dtypes.float32, dtypes.bfloat16):
+        import numpy as np
+        v = float(np.float32(v)) if not math.isnan(v) else v
+    return "0x" + struct.pack(">d", v).hex().upper()
+
+
+def const_text(v: Any, dt: DType) -> str:
+    if dt.is_bool:
+        return "1" if v else "0"
+    if dt.is_int:
+        return str(int(v))
+    return _float_const(float(v), dt)
+
+
+_INTRINSIC_SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
+
+
+class _Emitter:
+    def __init__(self, prog: LinearProgram):
+        self.prog = prog
+        self.lines: list[str] = []
+        self.allocas: list[str] = []
+        self.declares: set[str] = set()
+        self.counter = 0
+        self.scopes: list[dict[UOp, str]] = [{}]
+        self.loop_labels: dict[UOp, tuple[str, str, str, str, str]] = {}
+        self.acc_slots: dict[UOp, str] = {}
+
+    def tmp(self) -> str:
+        self.counter += 1
+        return f"%v{self.counter}"
+
+    def label(self, stem: str) -> str:
+        self.counter += 1
+        return f"{stem}{self.counter}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " + line)
+
+    def lookup(self, u: UOp) -> str | None:
+        for scope in reversed(self.scopes):
+            if u in scope:
+                return scope[u]
+        return None
+
+    # ------------------------------------------------------------------ statements
+    def render(self) -> str:
+        p = self.prog
+        self.lines.append(f"define void @{p.name}(ptr noalias nocapture readonly %args, i64 %start, i64 %end) #0 {{")
+        self.lines.append("entry:")
+        entry_at = len(self.lines)
+        for g in p.globals:
+            slot = self.tmp()
+            self.emit(f"{slot} = getelementptr inbounds i64, ptr %args, i64 {g.arg}")
+            word = self.tmp()
+            self.emit(f"{word} = load i64, ptr {slot}, align 8")
+            ptr = f"%buf{g.arg}"
+            self.emit(f"{ptr} = inttoptr i64 {word} to ptr")
+            self.scopes[0][g] = ptr
+        for k, v in enumerate(p.variables):
+            slot = self.tmp()
+            self.emit(f"{slot} = getelementptr inbounds i64, ptr %args, i64 {len(p.globals) + k}")
+            val = f"%var_{v.arg[0]}"
+            self.emit(f"{val} = load i64, ptr {slot}, align 8")
+            self.scopes[0][v] = val
+        for st in p.statements:
+            self.statement(st)
+        self.emit("ret void")
+        self.lines.append("}")
+        body = self.lines[:entry_at] + ["  " + a for a in self.allocas] + self.lines[entry_at:]
+        head = [f"declare {d}" for d in sorted(self.declares)]
+        attrs = 'attributes #0 = { nounwind "no-trapping-math"="true" }'
+        return "\n".join(head + [""] + body + ["", attrs, ""])
+
+    def statement(self, st: UOp) -> None:
+        op = st.op
+        if op is Ops.RANGE:
+            start = self.value(st.src[0])
+            end = self.value(st.src[1])
+            slot = f"%ctr{st.arg[0]}"
+            self.allocas.append(f"{slot} = alloca i64, align 8")
+            self.emit(f"store i64 {start}, ptr {slot}, align 8")
+            head, body, latch, exit_ = (self.label("loop_head"), self.label("loop_body"),
+                                        self.label("loop_latch"), self.label("loop_exit"))
+            self.emit(f"br label %{head}")
+            self.lines.append(f"{head}:")
+            cur = f"%i{st.arg[0]}"
+            self.emit(f"{cur} = load i64, ptr {slot}, align 8")
+            cond = self.tmp()
+            self.emit(f"{cond} = icmp slt i64 {cur}, {end}")
+            self.emit(f"br i1 {cond}, label %{body}, label %{exit_}")
+            self.lines.append(f"{body}:")
+            self.loop_labels[st] = (slot, cur, head, latch, exit_)
+            self.scopes.append({st: cur})
+        elif op is Ops.ENDRANGE:
+            r = st.src[0]
+            slot, cur, head, latch, exit_ = self.loop_labels[r]
+            self.scopes.pop()
+            self.emit(f"br label %{latch}")
+            self.lines.append(f"{latch}:")
+            nxt = self.tmp()
+            self.emit(f"{nxt} = add nsw i64 {cur}, 1")
+            self.emit(f"store i64 {nxt}, ptr {slot}, align 8")
+            self.emit(f"br label %{head}, !llvm.loop !0")
+            self.lines.append(f"{exit_}:")
+        elif op is Ops.DEFINE_ACC:
+            assert st.dtype is not None
+            slot = f"%acc{st.arg}_{self.counter}"
+            self.counter += 1
+            t = reg_type(st.dtype)
+            self.allocas.append(f"{slot} = alloca {t}, align 8")
+            self.emit(f"store {t} {self.value(st.src[0])}, ptr {slot}")
+            self.acc_slots[st] = slot
+        elif op is Ops.ACC_UPDATE:
+            acc, val = st.src
+            assert acc.dtype is not None
+            v = self.value(val, reassoc=True)
+            self.emit(f"store {reg_type(acc.dtype)} {v}, ptr {self.acc_slots[acc]}")
+            # the accumulator changed: forget loads of it made in this scope
+            self.scopes[-1] = {k: s for k, s in self.scopes[-1].items() if not (k.op is Ops.LOAD and
+                                                                              k.src[0] is acc)}
+        elif op is Ops.STORE:
+            index, val = st.src
+            glob, idx = index.src
+            assert glob.dtype is not None
+            ptr = self.address(glob, idx)
+            v = self.to_memory(self.value(val), glob.dtype)
+            self.emit(f"store {mem_type(glob.dtype)} {v}, ptr {ptr}")
+        else:
+            raise NotImplementedError(f"LLVM renderer: unexpected statement {op}")
+
+    # ------------------------------------------------------------------ memory helpers
+    def address(self, glob: UOp, idx: UOp) -> str:
+        assert glob.dtype is not None
+        base = self.value(glob)
+        i = self.value(idx)
+        ptr = self.tmp()
+        self.emit(f"{ptr} = getelementptr inbounds {mem_type(glob.dtype)}, ptr {base}, i64 {i}")
+        return ptr
+
+    def from_memory(self, raw: str, dt: DType) -> str:
+        if dt == dtypes.bool:
+            out = self.tmp()
+            self.emit(f"{out} = icmp ne i8 {raw}, 0")
+            return out
+        if dt == dtypes.bfloat16:
+            wide, shifted, out = self.tmp(), self.tmp(), self.tmp()
+            self.emit(f"{wide} = zext i16 {raw} to i32")
+            self.emit(f"{shifted} = shl i32 {wide}, 16")
+            self.emit(f"{out} = bitcast i32 {shifted} to float")
+            return out
+        return raw
+
+    def to_memory(self, v: str, dt: DType) -> str:
+        if dt == dtypes.bool:
+            out = self.tmp()
+            self.emit(f"{out} = zext i1 {v} to i8")
+            return out
+        if dt == dtypes.bfloat16:
+            return self.bf16_bits(v)
+        return v
+
+    def bf16_bits(self, v: str) -> str:
+        """float -> bfloat16 bits (i16), round to nearest even; NaN -> quiet NaN."""
+        bits, hi, lsb, bias, summed, top, isnan, sel, out = (self.tmp() for _ in range(9))
+        self.emit(f"{bits} = bitcast float {v} to i32")
+        self.emit(f"{hi} = lshr i32 {bits}, 16")
+        self.emit(f"{lsb} = and i32 {hi}, 1")
+        self.emit(f"{bias} = add i32 {lsb}, {_BF16_ROUND_BIAS}")
+        self.emit(f"{summed} = add i32 {bits}, {bias}")
+        self.emit(f"{top} = lshr i32 {summed}, 16")
+        self.emit(f"{isnan} = fcmp uno float {v}, 0.0")
+        self.emit(f"{sel} = select i1 {isnan}, i32 {_BF16_QUIET_NAN}, i32 {top}")
+        self.emit(f"{out} = trunc i32 {sel} to i16")
+        return out
+
+    def bf16_round(self, v: str) -> str:
+        bits = self.bf16_bits(v)
+        wide, shifted, out = self.tmp(), self.tmp(), self.tmp()
+        self.emit(f"{wide} = zext i16 {bits} to i32")
+        self.emit(f"{shifted} = shl i32 {wide}, 16")
+        self.emit(f"{out} = bitcast i32 {shifted} to float")
+        return out
+
+    # ------------------------------------------------------------------ expressions
+    def value(self, u: UOp, reassoc: bool = False) -> str:
+        hit = self.lookup(u)
+        if hit is not None:
+            return hit
+        out = self._value(u, reassoc)
+        self.scopes[-1][u] = out
+        return out
+
+    def intrinsic(self, name: str, t: str, *args: str) -> str:
+        suffix = _INTRINSIC_SUFFIX[t]
+        fn = f"@llvm.{name}.{suffix}"
+        self.declares.add(f"{t} {fn}({', '.join([t] * len(args))})")
+        out = self.tmp()
+        self.emit(f"{out} = call {t} {fn}({', '.join(f'{t} {a}' for a in args)})")
+        return out
+
+    def _value(self, u: UOp, reassoc: bool) -> str:
+        op, dt = u.op, u.dtype
+        if op is Ops.CONST:
+            assert dt is not None
+            return const_text(u.arg, dt)
+        if op is Ops.SPECIAL:
+            return "%start" if u.arg[0] == "start" else "%end"
+        if op is Ops.LOAD:
+            assert dt is not None
+            if u.src[0].op is Ops.DEFINE_ACC:
+                out = self.tmp()
+                self.emit(f"{out} = load {reg_type(dt)}, ptr {self.acc_slots[u.src[0]]}")
+                return out
+            index = u.src[0]
+            glob, idx = index.src
+            if len(u.src) == 2:
+                valid = self.value(u.src[1])
+                safe = self.tmp()
+                self.emit(f"{safe} = select i1 {valid}, i64 {self.value(idx)}, i64 0")
+                ptr = self.tmp()
+                self.emit(f"{ptr} = getelementptr inbounds {mem_type(dt)}, ptr {self.value(glob)}, i64 {safe}")
+                raw = self.tmp()
+                self.emit(f"{raw} = load {mem_type(dt)}, ptr {ptr}")
+                loaded = self.from_memory(raw, dt)
+                out = self.tmp()
+                self.emit(f"{out} = select i1 {valid}, {reg_type(dt)} {loaded}, {reg_type(dt)} "
+                          f"{const_text(0, dt)}")
+                return out
+            ptr = self.address(glob, idx)
+            raw = self.tmp()
+            self.emit(f"{raw} = load {mem_type(dt)}, ptr {ptr}")
+            return self.from_memory(raw, dt)
+        if op is Ops.CAST:
+            return self.cast(self.value(u.src[0]), u.src[0].dtype, dt)  # type: ignore[arg-type]
+        if op is Ops.BITCAST:
+            return self.bitcast(self.value(u.src[0]), u.src[0].dtype, dt)  # type: ignore[arg-type]
+        srcs = [self.value(s) for s in u.src]
+        assert dt is not None
+        return self.alu(op, dt, u.src, srcs, reassoc)
+
+    def cast(self, v: str, src: DType, dst: DType) -> str:
+        if src == dst:
+            return v
+        out = self.tmp()
+        st, dt_ = reg_type(src), reg_type(dst)
+        if dst == dtypes.bool:
+            if src.is_float:
+                self.emit(f"{out} = fcmp une {st} {v}, {const_text(0, src)}")
+            else:
+                self.emit(f"{out} = icmp ne {st} {v}, 0")
+            return out
+        if dst == dtypes.bfloat16:
+            as_float = self.cast(v, src, dtypes.float32) if src != dtypes.bfloat16 else v
+            return self.bf16_round(as_float)
+        if src == dtypes.bfloat16:
+            return self.cast(v, dtypes.float32, dst) if dst != dtypes.float32 else v
+        if src.is_float and dst.is_float:
+            instr = "fpext" if dst.itemsize > src.itemsize else "fptrunc"
+        elif src.is_float:
+            instr = "fptoui" if dst.is_unsigned else "fptosi"
+        elif dst.is_float:
+            instr = "uitofp" if (src.is_unsigned or src.is_bool) else "sitofp"
+        else:
+            sb, db = (1 if src.is_bool else src.itemsize * 8), dst.itemsize * 8
+            if sb == db:
+                return v
+            instr = "trunc" if db < sb else ("zext" if (src.is_unsigned or src.is_bool) else "sext")
+        self.emit(f"{out} = {instr} {st} {v} to {dt_}")
+        return out
+
+    def bitcast(self, v: str, src: DType, dst: DType) -> str:
+        if src == dtypes.bfloat16:
+            v, src = self.bf16_bits(v), dtypes.int16
+        if dst == dtypes.bfloat16:
+            wide, shifted, out = self.tmp(), self.tmp(), self.tmp()
+            as16 = self.bitcast(v, src, dtypes.int16) if src != dtypes.int16 else v
+            self.emit(f"{wide} = zext i16 {as16} to i32")
+            self.emit(f"{shifted} = shl i32 {wide}, 16")
+            self.emit(f"{out} = bitcast i32 {shifted} to float")
+            return out
+        if reg_type(src) == reg_type(dst):
+            return v
+        out = self.tmp()
+        self.emit(f"{out} = bitcast {reg_type(src)} {v} to {reg_type(dst)}")
+        return out
+
+    def alu(self, op: Ops, dt: DType, src_uops: tuple[UOp, ...], s: list[str], reassoc: bool) -> str:
+        sdt = src_uops[0].dtype
+        assert sdt is not None
+        t = reg_type(sdt)
+        is_f = sdt.is_float
+        flags = "reassoc contract " if reassoc else "contract "
+        out = self.tmp()
+        if op is Ops.WHERE:
+            t2 = reg_type(dt)
+            self.emit(f"{out} = select i1 {s[0]}, {t2} {s[1]}, {t2} {s[2]}")
+            return out
+        if op is Ops.MULACC:
+            m = self.tmp()
+            self.emit(f"{m} = fmul {flags}{t} {s[0]}, {s[1]}" if is_f else f"{m} = mul {t} {s[0]}, {s[1]}")
+            self.emit(f"{out} = fadd {flags}{t} {m}, {s[2]}" if is_f else f"{out} = add {t} {m}, {s[2]}")
+            return self._round(out, dt)
+        if op is Ops.NEG:
+            self.emit(f"{out} = fneg {t} {s[0]}" if is_f else f"{out} = sub {t} 0, {s[0]}")
+            return self._round(out, dt)
+        if op is Ops.NOT:
+            self.emit(f"{out} = xor {t} {s[0]}, {'1' if sdt.is_bool else '-1'}")
+            return out
+        if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
+            name = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
+            return self._round(self.intrinsic(name, t, s[0]), dt)
+        if op is Ops.RECIP:
+            self.emit(f"{out} = fdiv {flags}{t} {const_text(1.0, sdt)}, {s[0]}")
+            return self._round(out, dt)
+        if op is Ops.POW:
+            if not is_f:
+                return self.int_pow(sdt, s[0], s[1])
+            return self._round(self.intrinsic("pow", t, s[0], s[1]), dt)
+        if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
+            if is_f:
+                pred = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}[op]
+                self.emit(f"{out} = fcmp {pred} {t} {s[0]}, {s[1]}")
+            else:
+                unsigned = sdt.is_unsigned or sdt.is_bool
+                pred = {Ops.CMPLT: "ult" if unsigned else "slt", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}[op]
+                self.emit(f"{out} = icmp {pred} {t} {s[0]}, {s[1]}")
+            return out
+        if op is Ops.MAX:
+            if is_f:
+                return self._round(self.intrinsic("maximum", t, s[0], s[1]), dt)
+            cmp = self.tmp()
+            pred = "ugt" if (sdt.is_unsigned or sdt.is_bool) else "sgt"
+            self.emit(f"{cmp} = icmp {pred} {t} {s[0]}, {s[1]}")
+            self.emit(f"{out} = select i1 {cmp}, {t} {s[0]}, {t} {s[1]}")
+            return out
+        if op in (Ops.IDIV, Ops.MOD):
+            return self.int_div(op, sdt, t, src_uops[1], s[0], s[1])
+        if is_f:
+            instr = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.FDIV: "fdiv"}.get(op)
+            if instr is None:
+                raise NotImplementedError(f"LLVM renderer: {op} on {sdt}")
+            self.emit(f"{out} = {instr} {flags}{t} {s[0]}, {s[1]}")
+            return self._round(out, dt)
+        if sdt.is_bool and op in (Ops.ADD, Ops.MUL, Ops.SUB):
+            # bool arithmetic saturates like torch's: + is or, * is and, - is xor
+            op = {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND, Ops.SUB: Ops.XOR}[op]
+        instr = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor",
+                 Ops.SHL: "shl", Ops.SHR: "lshr" if sdt.is_unsigned else "ashr"}.get(op)
+        if instr is None:
+            raise NotImplementedError(f"LLVM renderer: {op} on {sdt}")
+        b = s[1]
+        if op in (Ops.SHL, Ops.SHR) and src_uops[1].dtype != sdt:
+            b = self.cast(b, src_uops[1].dtype, sdt)  # type: ignore[arg-type]
+        self.emit(f"{out} = {instr} {t} {s[0]}, {b}")
+        return out
+
+    def int_pow(self, dt: DType, a: str, b: str) -> str:
+        """Integer power through double (exact while the result fits in 53 bits), rounded back."""
+        fa = self.cast(a, dt, dtypes.float64)
+        fb = self.cast(b, dt, dtypes.float64)
+        p = self.intrinsic("pow", "double", fa, fb)
+        r = self.intrinsic("round", "double", p)
+        return self.cast(r, dtypes.float64, dt)
+
+    def _round(self, v: str, dt: DType) -> str:
+        """bfloat16 arithmetic is done in float and rounded after every op, like the hardware type."""
+        return self.bf16_round(v) if dt == dtypes.bfloat16 else v
+
+    def int_div(self, op: Ops, sdt: DType, t: str, divisor: UOp, a: str, b: str) -> str:
+        unsigned = sdt.is_unsigned or sdt.is_bool
+        instr = ("udiv" if unsigned else "sdiv") if op is Ops.IDIV else ("urem" if unsigned else "srem")
+        out = self.tmp()
+        safe_const = divisor.op is Ops.CONST and divisor.arg != 0 and (unsigned or divisor.arg != -1)
+        if safe_const:
+            self.emit(f"{out} = {instr} {t} {a}, {b}")
+            return out
+        # division by zero (and INT_MIN / -1) trap on x86: divide by 1 instead and give 0 for x/0
+        is_zero, bad, safe_b, q = self.tmp(), self.tmp(), self.tmp(), self.tmp()
+        self.emit(f"{is_zero} = icmp eq {t} {b}, 0")
+        if unsigned:
+            self.emit(f"{bad} = or i1 {is_zero}, false")
+        else:
+            is_m1 = self.tmp()
+            self.emit(f"{is_m1} = icmp eq {t} {b}, -1")
+            self.emit(f"{bad} = or i1 {is_zero}, {is_m1}")
+        self.emit(f"{safe_b} = select i1 {bad}, {t} 1, {t} {b}")
+        self.emit(f"{q} = {instr} {t} {a}, {safe_b}")
+        if unsigned:
+            self.emit(f"{out} = select i1 {is_zero}, {t} 0, {t} {q}")
+            return out
+        # b == -1: a / -1 = -a and a % -1 = 0 (wrapping, no trap)
+        neg, fix = self.tmp(), self.tmp()
+        self.emit(f"{neg} = sub {t} 0, {a}")
+        minus_one_result = neg if op is Ops.IDIV else "0"
+        self.emit(f"{fix} = select i1 {is_zero}, {t} 0, {t} {minus_one_result}")
+        self.emit(f"{out} = select i1 {bad}, {t} {fix}, {t} {q}")
+        return out
+
+
+def render_llvm(prog: LinearProgram) -> str:
+    """LLVM IR text for one kernel, with the loop metadata the vectorizer reads."""
+    text = _Emitter(prog).render()
+    meta = '!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n'
+    return text + meta

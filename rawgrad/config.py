@@ -1,0 +1,39 @@
+"""Every environment knob rawgrad reads, in one place (read at use, so tests can change them)."""
+from __future__ import annotations
+
+import os
+
+
+def getenv_int(name: str, default: int = 0) -> int:
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from e
+
+
+def DEBUG() -> int:  # noqa: N802 - the variable's name
+    """DEBUG=2 prints each kernel with its shape and time; DEBUG=4 also prints the generated code."""
+    return getenv_int("DEBUG")
+
+
+def NOOPT() -> bool:  # noqa: N802
+    """NOOPT=1 turns off kernel optimizations (upcasting), for debugging codegen."""
+    return getenv_int("NOOPT") != 0
+
+
+def DEV() -> str | None:  # noqa: N802
+    """DEV=CPU / DEV=NV picks the default device; unset means auto-detect."""
+    return os.environ.get("DEV") or None
+
+
+def CACHE_DIR() -> str:  # noqa: N802
+    """Where compiled kernels are cached (RAWGRAD_CACHE_DIR; empty disables the disk cache)."""
+    return os.environ.get("RAWGRAD_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "rawgrad"))
+
+
+def REFERENCE() -> bool:  # noqa: N802
+    """REFERENCE=1 realizes through the numpy reference interpreter instead of compiled kernels."""
+    return getenv_int("REFERENCE") != 0

@@ -1,0 +1,116 @@
+"""The realize loop: schedule lazy graphs into kernels, compile them (cached), launch them on devices.
+
+`REFERENCE=1` evaluates through the numpy reference interpreter instead (rawgrad.tensor.interpret),
+which tests use as the oracle for the compiled path.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rawgrad import config
+from rawgrad.compiler.ir import UOp
+
+# TEMPORARY during bring-up: the compiled path is switched on once its parts have landed
+import os
+_COMPILED_PATH_READY = os.environ.get("RG_COMPILED") == "1"
+
+
+class GlobalCounters:
+    """Process-wide counters (tests assert fusion with `kernel_count`)."""
+
+    kernel_count = 0
+    kernels_compiled = 0
+    kernel_time_s = 0.0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.kernel_count = 0
+        cls.kernels_compiled = 0
+        cls.kernel_time_s = 0.0
+
+
+@dataclass
+class CompiledKernel:
+    """A kernel ready to launch: the device program plus what a launch needs to fill in."""
+
+    name: str
+    program: Any  # hcq Program
+    linear: Any  # LinearProgram
+    source: str
+
+    def launch(self, bufs: list[Any], var_vals: dict[UOp, int], wait: bool = False) -> float | None:
+        from rawgrad.compiler.symbolic import sym_infer
+        vals = tuple(var_vals[v] for v in self.linear.variables)
+        gsize = sym_infer(self.linear.global_size, var_vals)
+        return self.program(*bufs, global_size=(int(gsize), 1, 1), vals=vals, wait=wait)
+
+
+_kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
+_name_counts: dict[str, int] = {}
+
+
+def _symbol_name(name: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    n = _name_counts.get(base, 0)
+    _name_counts[base] = n + 1
+    return base if n == 0 else f"{base}_n{n}"
+
+
+def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
+    """Lower, render, compile and load `ast` for `device`, once per (ast, device)."""
+    from rawgrad.compiler.lower import lower
+    from rawgrad.compiler.renderer.llvm import render_llvm
+    from rawgrad.hcq.device import Device
+    key = (ast, device)
+    hit = _kernel_cache.get(key)
+    if hit is not None:
+        return hit
+    dev = Device[device]
+    linear = lower(ast, _symbol_name(name))
+    src = render_llvm(linear)
+    if config.DEBUG() >= 4:
+        print(src)
+    lib = dev.compiler.compile(src)
+    GlobalCounters.kernels_compiled += 1
+    ck = CompiledKernel(linear.name, dev.program(linear.name, lib), linear, src)
+    _kernel_cache[key] = ck
+    return ck
+
+
+def run_schedule(items: list[Any]) -> None:
+    from rawgrad.tensor.buffers import buffer_numpy, buffer_write, device_memory
+
+    debug = config.DEBUG()
+    for si in items:
+        if si.ast is None:
+            dst, src = si.bufs
+            buffer_write(dst, buffer_numpy(src))
+            continue
+        if si.bufs[0].arg[1] == 0:
+            continue  # an empty output: nothing to compute
+        device = si.bufs[0].device
+        ck = get_kernel(si.ast, device, si.name)
+        mems = [device_memory(b) for b in si.bufs]
+        st = time.perf_counter()
+        elapsed = ck.launch([m.hcq_buffer for m in mems], si.var_vals, wait=debug >= 2)
+        GlobalCounters.kernel_count += 1
+        if debug >= 2:
+            GlobalCounters.kernel_time_s += elapsed or 0.0
+            print(f"*** {device:4s} {GlobalCounters.kernel_count:4d} {ck.name:40s} "
+                  f"global={ck.linear.global_size!s:>10s} bufs={len(si.bufs)} "
+                  f"{(elapsed or 0) * 1e6:9.1f} us  (host {(time.perf_counter() - st) * 1e6:7.1f} us)")
+
+
+def realize(*uops: UOp) -> tuple[UOp, ...]:
+    """Compute every uop; return, for each, an equivalent node that reads a contiguous BUFFER
+    (the BUFFER itself, or a RESHAPE of it to the uop's shape)."""
+    if config.REFERENCE() or not _COMPILED_PATH_READY:
+        from rawgrad.tensor.interpret import interpret_realize
+        return interpret_realize(*uops)
+    from rawgrad.tensor.schedule import create_schedule
+    items, results = create_schedule(list(uops))
+    run_schedule(items)
+    return tuple(results)

@@ -1,0 +1,328 @@
+"""The scheduler: cut a lazy tensor graph into kernels.
+
+Rules (each asserted by kernel-count tests):
+- movement ops cost nothing: they become ShapeTrackers (index expressions) on the loads they reach;
+- elementwise chains fuse into one kernel, and into the reduce that consumes them;
+- a reduce fuses into the elementwise ops above it when they see it unbroadcast (so `x.sum(1) * 2`,
+  `mean` and `sum(axis)` without keepdim are one kernel); a kernel holds at most one reduce;
+- a value is stored to its own buffer when it is requested, marked CONTIGUOUS, assigned, copied, or
+  when it would otherwise be recomputed many times: a reduce or any computed value seen through an
+  EXPAND that broadcasts it (softmax's max, a matmul input that is itself computed).
+
+A kernel is a SINK of one STORE; its loads are `LOAD(DEFINE_GLOBAL(slot), VIEW(st))` where `st` maps
+the kernel's loop space onto the buffer. See compiler/lower.py for what the loop space is.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from rawgrad.compiler.ir import ALU, MOVEMENT, Ops, UOp, prod
+from rawgrad.compiler.view import ShapeTracker
+from rawgrad.dtype import dtypes
+from rawgrad.tensor.buffers import new_buffer
+
+
+@dataclass
+class ScheduleItem:
+    """One unit of device work: a kernel (`ast` is its SINK) or a copy (`ast` is None)."""
+
+    ast: UOp | None
+    bufs: list[UOp]  # BUFFER nodes by slot: bufs[0] is written, the rest are read
+    var_vals: dict[UOp, int] = field(default_factory=dict)
+    name: str = ""
+
+
+def _unbind(x: Any, var_vals: dict[UOp, int]) -> Any:
+    """Replace bound Variables inside a size by the bare Variable, recording the bound value."""
+    if not isinstance(x, UOp):
+        return x
+    binds = [n for n in x.toposort() if n.op is Ops.BIND]
+    if not binds:
+        return x
+    mapping = {}
+    for b in binds:
+        var, val = b.unbind()
+        if var in var_vals and var_vals[var] != val:
+            raise ValueError(f"Variable {var.arg[0]!r} bound to both {var_vals[var]} and {val} in one realize")
+        var_vals[var] = val
+        mapping[b] = var
+    return x.substitute(mapping)
+
+
+def _unbind_arg(arg: Any, var_vals: dict[UOp, int]) -> Any:
+    if isinstance(arg, tuple):
+        return tuple(_unbind_arg(a, var_vals) for a in arg)
+    return _unbind(arg, var_vals)
+
+
+def apply_movement(st: ShapeTracker, op: Ops, arg: Any) -> ShapeTracker:
+    if op is Ops.RESHAPE:
+        return st.reshape(arg)
+    if op is Ops.PERMUTE:
+        return st.permute(arg)
+    if op is Ops.EXPAND:
+        return st.expand(arg)
+    if op is Ops.PAD:
+        return st.pad(arg)
+    if op is Ops.SHRINK:
+        return st.shrink(arg)
+    if op is Ops.FLIP:
+        return st.flip(arg)
+    raise AssertionError(op)
+
+
+def _only_ones_reshape(node: UOp) -> bool:
+    """A RESHAPE that only adds or removes size-1 dims (it keeps a reduce fusable)."""
+    if node.op is not Ops.RESHAPE:
+        return False
+    strip = lambda s: tuple(d for d in s if not (isinstance(d, int) and d == 1))
+    return strip(node.shape) == strip(node.src[0].shape)
+
+
+def _contiguous_buffer_view(u: UOp) -> UOp | None:
+    """The BUFFER if `u` is the buffer itself or a plain reshape of it; else None."""
+    if u.op is Ops.BUFFER:
+        return u
+    if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER:
+        return u.src[0]
+    return None
+
+
+class _Scheduler:
+    def __init__(self, outs: list[UOp]):
+        self.var_vals: dict[UOp, int] = {}
+        self.items: list[ScheduleItem] = []
+        self.realized: dict[UOp, UOp] = {}  # graph node -> BUFFER holding its value (contiguous)
+        self.consumers: dict[UOp, int] = {}
+        for node in UOp(Ops.SINK, None, tuple(outs)).toposort():
+            for s in node.src:
+                self.consumers[s] = self.consumers.get(s, 0) + 1
+        self.forced: set[UOp] = set()
+        self._memory_cache: dict[UOp, bool] = {}
+        self._mark_forced(outs)
+
+    # ------------------------------------------------------------------ what must be stored
+    def _reads_memory(self, u: UOp) -> bool:
+        """Does computing `u` read a buffer or reduce (so recomputing it per broadcast copy costs)?"""
+        hit = self._memory_cache.get(u)
+        if hit is None:
+            hit = u.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.COPY, Ops.ASSIGN, Ops.CONTIGUOUS) or \
+                any(self._reads_memory(s) for s in u.src)
+            self._memory_cache[u] = hit
+        return hit
+
+    def _mark_forced(self, outs: list[UOp]) -> None:
+        for node in UOp(Ops.SINK, None, tuple(outs)).toposort():
+            if node.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY):
+                self.forced.add(node)
+            if node.op is Ops.REDUCE_AXIS and self.consumers.get(node, 0) > 1:
+                self.forced.add(node)
+            if node.op is Ops.EXPAND:
+                base = node.src[0].base
+                grows = not all(isinstance(a, int) and isinstance(b, int) and a == b
+                                for a, b in zip(node.shape, node.src[0].shape))
+                if grows and base.op not in (Ops.BUFFER, Ops.CONST) and self._reads_memory(base):
+                    self.forced.add(base)
+
+    # ------------------------------------------------------------------ entry
+    def schedule(self, outs: list[UOp]) -> list[UOp]:
+        results = []
+        for out in outs:
+            buf = _contiguous_buffer_view(out)
+            if buf is not None:
+                results.append(out)
+                continue
+            buf = self.realize_node(out)
+            results.append(buf if len(out.shape) == 1 and out.shape[0] == buf.arg[1] else
+                           UOp(Ops.RESHAPE, buf.dtype, (buf,), out.shape))
+        return results
+
+    def realize_node(self, node: UOp) -> UOp:
+        """Schedule the kernels that put `node`'s value into a buffer; return that BUFFER."""
+        if node in self.realized:
+            return self.realized[node]
+        if node.op is Ops.BUFFER:
+            return node
+        if node.op is Ops.CONTIGUOUS:
+            inner = _contiguous_buffer_view(node.src[0])
+            if inner is not None:
+                self.realized[node] = inner
+                return inner
+            buf = self.realize_node(node.src[0])
+            self.realized[node] = buf
+            return buf
+        if node.op is Ops.COPY:
+            src_buf = self.realize_node(node.src[0])
+            dst = new_buffer(node.arg, src_buf.arg[1], src_buf.dtype)  # type: ignore[arg-type]
+            self.items.append(ScheduleItem(None, [dst, src_buf], name=f"copy {src_buf.device}->{node.arg}"))
+            self.realized[node] = dst
+            return dst
+        if node.op is Ops.ASSIGN:
+            return self._schedule_assign(node)
+        size = prod(node.shape)
+        size = _unbind(size, self.var_vals)
+        if not isinstance(size, int):
+            # symbolic sizes: the buffer is allocated for the largest value the variables can take
+            size = int(size.vmax)
+        buf = new_buffer(node.device, size, node.dtype)  # type: ignore[arg-type]
+        self._schedule_kernel(node, buf, None)
+        self.realized[node] = buf
+        return buf
+
+    def _schedule_assign(self, node: UOp) -> UOp:
+        target, value = node.src
+        tbuf = _contiguous_buffer_view(target)
+        if tbuf is None:
+            tbuf = self.realized.get(target)
+        if tbuf is None:
+            raise ValueError("assign target must be a realized, contiguous tensor (call .realize() first)")
+        self._schedule_kernel(value, tbuf, target.shape)
+        self.realized[node] = tbuf
+        return tbuf
+
+    # ------------------------------------------------------------------ kernels
+    def _schedule_kernel(self, root: UOp, out_buf: UOp, store_shape: tuple[Any, ...] | None) -> None:
+        kb = _KernelBuilder(self, root, out_buf)
+        ast = kb.build()
+        if kb.reads_output_differently:
+            # the value reads the buffer it overwrites through another view: compute it aside first
+            tmp = self.realize_node(UOp(Ops.CONTIGUOUS, root.dtype, (root,)))
+            kb = _KernelBuilder(self, UOp(Ops.RESHAPE, tmp.dtype, (tmp,), root.shape), out_buf)
+            ast = kb.build()
+        self.items.append(ScheduleItem(ast, kb.bufs, {v: self.var_vals[v] for v in kb.variables}, kb.name()))
+
+
+class _KernelBuilder:
+    def __init__(self, sched: _Scheduler, root: UOp, out_buf: UOp):
+        self.s = sched
+        self.root = root
+        self.bufs: list[UOp] = [out_buf]
+        self.reduce: UOp | None = None
+        self.variables: set[UOp] = set()
+        self.reads_output_differently = False
+        self.ops_seen: list[str] = []
+        self.memo: dict[tuple[UOp, ShapeTracker], UOp] = {}
+        self.loop_shape = self._loop_shape()
+
+    def _loop_shape(self) -> tuple[Any, ...]:
+        """The kernel's output loop space: the fused reduce's keepdim shape, else the root's shape."""
+        stack = [self.root]
+        seen = set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n is not self.root and (n in self.s.realized or n in self.s.forced):
+                continue
+            if n.op is Ops.REDUCE_AXIS:
+                return self._shape(n.shape)
+            if n.op in ALU or n.op in (Ops.CAST, Ops.BITCAST) or _only_ones_reshape(n):
+                stack.extend(n.src)
+        return self._shape(self.root.shape)
+
+    def _shape(self, shape: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(_unbind(d, self.s.var_vals) for d in shape)
+
+    def name(self) -> str:
+        kind = "r" if self.reduce is not None else "E"
+        dims = "_".join(str(d) if isinstance(d, int) else d.render() for d in self.loop_shape) or "scalar"
+        return f"{kind}_{dims}"
+
+    def global_for(self, buf: UOp) -> UOp:
+        if buf not in self.bufs:
+            self.bufs.append(buf)
+        return UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), self.bufs.index(buf))
+
+    def build(self) -> UOp:
+        out_st = ShapeTracker.from_shape(self.loop_shape)
+        root_st = ShapeTracker.from_shape(self._shape(self.root.shape)).reshape(self.loop_shape)
+        value = self.visit(self.root, root_st, True, True)
+        for v in value.toposort():
+            if v.op is Ops.DEFINE_VAR:
+                self.variables.add(v)
+        for d in self.loop_shape:
+            if isinstance(d, UOp):
+                self.variables.update(d.variables())
+        store = UOp(Ops.STORE, None, (self.global_for(self.bufs[0]), UOp(Ops.VIEW, None, (), out_st), value))
+        return UOp(Ops.SINK, None, (store,))
+
+    def load(self, buf: UOp, st: ShapeTracker) -> UOp:
+        if buf is self.bufs[0] and st != ShapeTracker.from_shape(self.loop_shape) and \
+                st.shape == self.loop_shape:
+            self.reads_output_differently = True
+        if buf.arg[1] == 0:
+            # an empty buffer can only be read through a pad mask that is always false
+            return UOp(Ops.CONST, buf.dtype, (UOp(Ops.VIEW, None, (), st),), 0)
+        return UOp(Ops.LOAD, buf.dtype, (self.global_for(buf), UOp(Ops.VIEW, None, (), st)))
+
+    def visit(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:
+        key = (node, st)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        out = self._visit(node, st, single, above_reduce)
+        self.memo[key] = out
+        return out
+
+    def _visit(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:
+        s = self.s
+        if node is not self.root:
+            single = single and s.consumers.get(node, 0) <= 1
+            if node in s.realized:
+                return self.load(s.realized[node], ShapeTracker.from_shape(self._shape(node.shape)) + st)
+            if node in s.forced and node.op is not Ops.BUFFER:
+                buf = s.realize_node(node)
+                return self.load(buf, ShapeTracker.from_shape(self._shape(node.shape)) + st)
+        op = node.op
+        if op is Ops.BUFFER:
+            return self.load(node, ShapeTracker.from_shape(node.shape) + st)
+        if op is Ops.CONST:
+            return UOp(Ops.CONST, node.dtype, (UOp(Ops.VIEW, None, (), st),), node.arg)
+        if op in (Ops.DEFINE_VAR, Ops.BIND):
+            var = _unbind(node, s.var_vals)
+            self.variables.add(var)
+            return var if node.dtype == var.dtype else var.cast(node.dtype)  # type: ignore[arg-type]
+        if op in MOVEMENT:
+            src = node.src[0]
+            inner = apply_movement(ShapeTracker.from_shape(self._shape(src.shape)), op,
+                                   _unbind_arg(node.arg, s.var_vals))
+            keep = above_reduce and _only_ones_reshape(node)
+            composed = inner + st
+            value = self.visit(src, composed, single, keep)
+            if op is Ops.PAD and src.base.op not in (Ops.BUFFER, Ops.CONST) and src.base not in s.realized:
+                # the padded region holds zeros, not f(0): mask the computed value, not only its loads
+                valid = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, None, (), composed),), True)
+                value = UOp(Ops.WHERE, node.dtype, (valid, value, UOp(Ops.CONST, node.dtype, (), 0)))
+            return value
+        if op in ALU or op in (Ops.CAST, Ops.BITCAST):
+            srcs = tuple(self.visit(x, st, single, above_reduce) for x in node.src)
+            return UOp(op, node.dtype, srcs, node.arg)
+        if op is Ops.REDUCE_AXIS:
+            fusable = (self.reduce is None and above_reduce and (single or node is self.root)
+                       and st.shape == self.loop_shape and self._shape(node.shape) == self.loop_shape
+                       and st.contiguous)
+            if not fusable:
+                buf = s.realize_node(node)
+                s.realized[node] = buf
+                return self.load(buf, ShapeTracker.from_shape(self._shape(node.shape)) + st)
+            self.reduce = node
+            full = self._shape(node.src[0].shape)
+            inner_value = self.visit(node.src[0], ShapeTracker.from_shape(full), single, False)
+            rop, axes = node.arg[0], tuple(node.arg[1])
+            return UOp(Ops.REDUCE_AXIS, node.dtype, (inner_value,), (rop, axes, full))
+        if op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN):
+            buf = s.realize_node(node)
+            return self.load(buf, ShapeTracker.from_shape(self._shape(node.shape)) + st)
+        raise NotImplementedError(f"scheduler cannot handle {op} in a tensor graph")
+
+
+def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], list[UOp]]:
+    """Kernels (in dependency order) that compute `outs`, and for each out a node reading its buffer."""
+    if sys.getrecursionlimit() < 20000:
+        sys.setrecursionlimit(20000)
+    sched = _Scheduler(outs)
+    results = sched.schedule(outs)
+    return sched.items, results
