@@ -149,7 +149,10 @@ class _Emitter:
             nxt = self.tmp()
             self.emit(f"{nxt} = add nsw i64 {cur}, 1")
             self.emit(f"store i64 {nxt}, ptr {slot}, align 8")
-            self.emit(f"br label %{head}, !llvm.loop !0")
+            # a register-tiled kernel is vectorized across its tile (SLP), not along the reduce loop,
+            # whose loads are strided for one of the inputs
+            tiled = bool(self.prog.opts.upcast) and r.arg[1] == "reduce"
+            self.emit(f"br label %{head}, !llvm.loop !{'2' if tiled else '0'}")
             self.lines.append(f"{exit_}:")
         elif op is Ops.DEFINE_ACC:
             assert st.dtype is not None
@@ -449,5 +452,6 @@ class _Emitter:
 def render_llvm(prog: LinearProgram) -> str:
     """LLVM IR text for one kernel, with the loop metadata the vectorizer reads."""
     text = _Emitter(prog).render()
-    meta = '!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n'
+    meta = ('!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n'
+            '!2 = distinct !{!2, !1, !3}\n!3 = !{!"llvm.loop.vectorize.enable", i1 false}\n')
     return text + meta
