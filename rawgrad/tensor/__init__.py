@@ -1,0 +1,1 @@
+"""The Tensor front end: Tensor API, scheduler and realize loop."""

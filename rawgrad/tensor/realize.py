@@ -5,17 +5,16 @@ which tests use as the oracle for the compiled path.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rawgrad import config
 from rawgrad.compiler.ir import UOp
 
-# TEMPORARY during bring-up: the compiled path is switched on once its parts have landed
-import os
-_COMPILED_PATH_READY = os.environ.get("RG_COMPILED") == "1"
 
 
 class GlobalCounters:
@@ -46,6 +45,29 @@ class CompiledKernel:
         vals = tuple(var_vals[v] for v in self.linear.variables)
         gsize = sym_infer(self.linear.global_size, var_vals)
         return self.program(*bufs, global_size=(int(gsize), 1, 1), vals=vals, wait=wait)
+
+
+@dataclass
+class ExecItem:
+    """One launch as it ran: what a capture (TinyJit) records to replay later."""
+
+    kernel: CompiledKernel | None  # None for a copy
+    bufs: list[UOp]  # BUFFER nodes by slot
+    var_vals: dict[UOp, int]
+
+
+_captures: list[list[ExecItem]] = []
+
+
+@contextlib.contextmanager
+def capture_launches() -> Iterator[list[ExecItem]]:
+    """Record every launch (and copy) made inside the block, in order, while still running them."""
+    record: list[ExecItem] = []
+    _captures.append(record)
+    try:
+        yield record
+    finally:
+        _captures.remove(record)
 
 
 _kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
@@ -88,6 +110,8 @@ def run_schedule(items: list[Any]) -> None:
         if si.ast is None:
             dst, src = si.bufs
             buffer_write(dst, buffer_numpy(src))
+            for rec in _captures:
+                rec.append(ExecItem(None, list(si.bufs), dict(si.var_vals)))
             continue
         if si.bufs[0].arg[1] == 0:
             continue  # an empty output: nothing to compute
@@ -97,6 +121,8 @@ def run_schedule(items: list[Any]) -> None:
         st = time.perf_counter()
         elapsed = ck.launch([m.hcq_buffer for m in mems], si.var_vals, wait=debug >= 2)
         GlobalCounters.kernel_count += 1
+        for rec in _captures:
+            rec.append(ExecItem(ck, list(si.bufs), dict(si.var_vals)))
         if debug >= 2:
             GlobalCounters.kernel_time_s += elapsed or 0.0
             print(f"*** {device:4s} {GlobalCounters.kernel_count:4d} {ck.name:40s} "
@@ -107,7 +133,7 @@ def run_schedule(items: list[Any]) -> None:
 def realize(*uops: UOp) -> tuple[UOp, ...]:
     """Compute every uop; return, for each, an equivalent node that reads a contiguous BUFFER
     (the BUFFER itself, or a RESHAPE of it to the uop's shape)."""
-    if config.REFERENCE() or not _COMPILED_PATH_READY:
+    if config.REFERENCE():
         from rawgrad.tensor.interpret import interpret_realize
         return interpret_realize(*uops)
     from rawgrad.tensor.schedule import create_schedule

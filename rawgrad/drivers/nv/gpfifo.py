@@ -1,0 +1,201 @@
+"""GPFIFO channel submission: pushbuffer ring, GP ring, USERD, doorbell, with backpressure and timeouts."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import cffi
+
+from rawgrad.drivers.nv import pushbuf as pbuf
+from rawgrad.drivers.osapi import OSInterface
+
+_ffi = cffi.FFI()
+
+SPIN_ITERATIONS = 200  # polls before a wait starts sleeping
+MAX_SLEEP_S = 0.001  # longest sleep between polls
+
+
+class DeviceTimeout(TimeoutError):
+    """A wait ran past its deadline; names the device, queue, signal and values."""
+
+
+class NVChannelError(RuntimeError):
+    """The channel's error notifier reports a fault (RC error): the GPU stopped executing it."""
+
+
+def read_u32(addr: int) -> int:
+    return int(_ffi.cast("volatile uint32_t *", addr)[0])
+
+
+def write_u32(addr: int, value: int) -> None:
+    _ffi.cast("volatile uint32_t *", addr)[0] = value & 0xFFFFFFFF
+
+
+def read_u64(addr: int) -> int:
+    return int(_ffi.cast("volatile uint64_t *", addr)[0])
+
+
+def write_u64(addr: int, value: int) -> None:
+    _ffi.cast("volatile uint64_t *", addr)[0] = value & ((1 << 64) - 1)
+
+
+def write_words(addr: int, words: list[int]) -> None:
+    arr = _ffi.new("uint32_t[]", words)
+    _ffi.memmove(_ffi.cast("void *", addr), arr, 4 * len(words))
+
+
+def poll_until(
+    ready: Callable[[], bool],
+    timeout_s: float,
+    describe: Callable[[], str],
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Spin briefly, then sleep with backoff until ``ready()``; raise DeviceTimeout at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    sleep, i = 0.00005, 0
+    while not ready():
+        if check is not None:
+            check()
+        i += 1
+        if i > SPIN_ITERATIONS:
+            if time.monotonic() > deadline:
+                raise DeviceTimeout(describe())
+            time.sleep(sleep)
+            sleep = min(sleep * 2, MAX_SLEEP_S)
+
+
+@dataclass
+class _InFlight:
+    retire_value: int
+    start: int
+    end: int
+
+
+class Channel:
+    """One GPFIFO channel as the CPU sees it (rings are CPU-mapped at their GPU VA)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        device_name: str,
+        os_iface: OSInterface,
+        host: pbuf.HostClass,
+        token: int,
+        gpfifo_addr: int,
+        entries: int,
+        userd_addr: int,
+        pb_addr: int,
+        pb_bytes: int,
+        doorbell_addr: int,
+        retire_addr: int,
+        notifier_addr: int | None,
+        timeout_s: float = 10.0,
+    ):
+        if entries < 2 or entries & (entries - 1):
+            raise ValueError(f"GPFIFO entries {entries} must be a power of two >= 2")
+        self.name, self.device_name, self.os, self.host, self.token = name, device_name, os_iface, host, token
+        self.gpfifo_addr, self.entries, self.userd_addr = gpfifo_addr, entries, userd_addr
+        self.pb_addr, self.pb_bytes, self.doorbell_addr = pb_addr, pb_bytes, doorbell_addr
+        self.retire_addr, self.notifier_addr, self.timeout_s = retire_addr, notifier_addr, timeout_s
+        self.put = read_u32(userd_addr + pbuf.USERD_GP_PUT)
+        self.pb_head = 0
+        self.retire_value = read_u64(retire_addr)
+        self.inflight: deque[_InFlight] = deque()
+        self.submissions = 0
+
+    # -- progress --------------------------------------------------------------------------------
+    def gp_get(self) -> int:
+        return read_u32(self.userd_addr + pbuf.USERD_GP_GET)
+
+    def retired(self) -> int:
+        return read_u64(self.retire_addr)
+
+    def check_error(self) -> None:
+        """Raise NVChannelError if RM wrote this channel's error notifier (NvNotification.status != 0)."""
+        if self.notifier_addr is None:
+            return
+        status = int(_ffi.cast("volatile uint16_t *", self.notifier_addr + 14)[0])
+        if status:
+            info32 = read_u32(self.notifier_addr + 8)
+            raise NVChannelError(
+                f"{self.device_name} {self.name} channel error: notifier status {status:#x}, "
+                f"info32 (Xid-style code) {info32}"
+            )
+
+    def _describe(self, what: str, want: str) -> Callable[[], str]:
+        return lambda: (
+            f"{self.device_name} {self.name} queue timed out waiting for {what}: {want}; "
+            f"GPGet={self.gp_get()} GPPut={self.put} retired={self.retired()} "
+            f"(last submitted {self.retire_value})"
+        )
+
+    # -- submission ------------------------------------------------------------------------------
+    def _reserve_pb(self, nbytes: int) -> int:
+        if nbytes > self.pb_bytes:
+            raise ValueError(
+                f"{self.name}: submission of {nbytes} bytes exceeds the {self.pb_bytes}-byte pushbuffer"
+            )
+        start = self.pb_head if self.pb_head + nbytes <= self.pb_bytes else 0
+
+        def free() -> bool:
+            done = self.retired()
+            while self.inflight and self.inflight[0].retire_value <= done:
+                self.inflight.popleft()
+            return not any(f.start < start + nbytes and start < f.end for f in self.inflight)
+
+        poll_until(
+            free,
+            self.timeout_s,
+            self._describe("pushbuffer space", f"{nbytes} bytes at +{start:#x}"),
+            self.check_error,
+        )
+        return start
+
+    def _wait_gp_slot(self) -> None:
+        nxt = (self.put + 1) % self.entries
+        poll_until(
+            lambda: self.gp_get() != nxt,
+            self.timeout_s,
+            self._describe("a free GPFIFO entry", f"GPGet != {nxt}"),
+            self.check_error,
+        )
+
+    def submit(self, pb: pbuf.PushBuffer) -> int:
+        """Copy ``pb`` into the pushbuffer ring, append a retirement release, ring the doorbell.
+
+        Returns the retirement value; the pushbuffer space is reused only after the GPU reaches it.
+        """
+        self.check_error()
+        value = self.retire_value + 1
+        full = pbuf.PushBuffer().extend(pb)
+        pbuf.sem_release(full, self.host, self.retire_addr, value, timestamp=False, wfi=False)
+        nbytes = 4 * len(full)
+        # Both waits happen before any state changes, so a timeout leaves the channel consistent.
+        self._wait_gp_slot()
+        start = self._reserve_pb(nbytes)
+        write_words(self.pb_addr + start, full.words)
+        self.inflight.append(_InFlight(value, start, start + nbytes))
+        self.pb_head = start + nbytes
+        self.retire_value = value
+        entry = pbuf.GPEntry(self.pb_addr + start, len(full)).encode()
+        write_u64(self.gpfifo_addr + self.put * pbuf.GP_ENTRY_BYTES, entry)
+        self.put = (self.put + 1) % self.entries
+        self.os.store_fence()  # ring entry + pushbuffer visible before GPPut
+        write_u32(self.userd_addr + pbuf.USERD_GP_PUT, self.put)
+        self.os.store_fence()  # GPPut visible before the doorbell (NV-FACTS 4.5)
+        self.os.mmio_write32(self.doorbell_addr, self.token)
+        self.submissions += 1
+        return value
+
+    def wait_idle(self, timeout_s: float | None = None) -> None:
+        want = self.retire_value
+        poll_until(
+            lambda: self.retired() >= want,
+            self.timeout_s if timeout_s is None else timeout_s,
+            self._describe("idle", f"retired >= {want}"),
+            self.check_error,
+        )
