@@ -36,7 +36,8 @@ def demo() -> int:
         expect = ref()
         good = np.allclose(out, expect, rtol=1e-4, atol=1e-3)
         ok &= bool(good)
-        print(f"  {label:28s} kernels={GlobalCounters.kernel_count}  compiled={GlobalCounters.kernels_compiled}"
+        print(f"  {label:28s} kernels={GlobalCounters.kernel_count}"
+              f"  compiled={GlobalCounters.kernels_compiled}"
               f"  {dt * 1e3:8.2f} ms  matches numpy: {good}")
     print("all results match numpy" if ok else "MISMATCH against numpy")
     return 0 if ok else 1

@@ -5,7 +5,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,7 +36,8 @@ def bench_cpu(quick: bool = False) -> int:
     print(f"{'case':34s} {'rawgrad ms':>11s} {'numpy ms':>10s} {'numpy/rawgrad':>14s}")
     rows = []
 
-    def run(label: str, ours: Callable[[], object], theirs: Callable[[], object], check: Callable[[], None]) -> None:
+    def run(label: str, ours: Callable[[], object], theirs: Callable[[], object],
+            check: Callable[[], None]) -> None:
         check()
         t_ours = _median_time(ours, repeats)
         t_np = _median_time(theirs, repeats)
@@ -82,5 +83,6 @@ def bench_cpu(quick: bool = False) -> int:
         run(f"matmul {n}x{n} float32", lambda m1=m1, m2=m2: sync(m1 @ m2),  # type: ignore[misc]
             lambda nm1=nm1, nm2=nm2: nm1 @ nm2, check_mm)  # type: ignore[misc]
         label, t_ours, t_np = rows[-1]
-        print(f"{'':34s} {flops / t_ours / 1e9:8.1f} GFLOP/s (rawgrad)  {flops / t_np / 1e9:8.1f} GFLOP/s (numpy)")
+        print(f"{'':34s} {flops / t_ours / 1e9:8.1f} GFLOP/s (rawgrad)  "
+              f"{flops / t_np / 1e9:8.1f} GFLOP/s (numpy)")
     return 0

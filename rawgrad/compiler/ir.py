@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 import struct
 import weakref
+from collections.abc import Callable, Iterator
 from enum import Enum, auto
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rawgrad.dtype import DType, dtypes, truncate_value
 
@@ -140,7 +141,7 @@ class UOp(metaclass=_UOpMeta):
 
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_cached")
 
-    def __init__(self, op: Ops, dtype: DType | None, src: tuple[UOp, ...], arg: Any):
+    def __init__(self, op: Ops, dtype: DType | None = None, src: tuple[UOp, ...] = (), arg: Any = None):
         self.op = op
         self.dtype = dtype
         self.src = src
@@ -209,7 +210,7 @@ class UOp(metaclass=_UOpMeta):
         name, lo, hi = self.arg
         if not isinstance(value, int) or not lo <= value <= hi:
             raise ValueError(f"Variable {name!r} bound to {value!r}, outside its range [{lo}, {hi}]")
-        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
+        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dt, value)))
 
     def unbind(self) -> tuple[UOp, int]:
         assert self.op is Ops.BIND
@@ -238,8 +239,15 @@ class UOp(metaclass=_UOpMeta):
         return UOp(Ops.CAST, dtype, (self,))
 
     # ------------------------------------------------------------------ symbolic sugar (index math)
+    @property
+    def dt(self) -> DType:
+        """The dtype of a value node (structural nodes such as SINK have none)."""
+        if self.dtype is None:
+            raise TypeError(f"{self.op} node has no dtype")
+        return self.dtype
+
     def _c(self, x: UOp | int | float | bool) -> UOp:
-        return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
+        return x if isinstance(x, UOp) else UOp.const(self.dt, x)
 
     def __add__(self, x: UOp | int) -> UOp:
         return self.alu(Ops.ADD, self._c(x))
@@ -248,7 +256,7 @@ class UOp(metaclass=_UOpMeta):
         return self._c(x).alu(Ops.ADD, self)
 
     def __sub__(self, x: UOp | int) -> UOp:
-        return self.alu(Ops.ADD, self._c(x).alu(Ops.MUL, self._c(-1))) if self.dtype.is_int \
+        return self.alu(Ops.ADD, self._c(x).alu(Ops.MUL, self._c(-1))) if self.dt.is_int \
             else self.alu(Ops.SUB, self._c(x))
 
     def __rsub__(self, x: UOp | int) -> UOp:
@@ -261,7 +269,7 @@ class UOp(metaclass=_UOpMeta):
         return self._c(x).alu(Ops.MUL, self)
 
     def __neg__(self) -> UOp:
-        return self * -1 if self.dtype.is_int else self.alu(Ops.NEG)
+        return self * -1 if self.dt.is_int else self.alu(Ops.NEG)
 
     def __floordiv__(self, x: UOp | int) -> UOp:
         """Index division; index math only divides non-negative values, so C truncation is floor."""
@@ -298,7 +306,7 @@ class UOp(metaclass=_UOpMeta):
         return self.alu(Ops.AND, x if isinstance(x, UOp) else UOp.const(dtypes.bool, x))
 
     def where(self, a: UOp | int | float, b: UOp | int | float) -> UOp:
-        dt = a.dtype if isinstance(a, UOp) else b.dtype if isinstance(b, UOp) else dtypes.from_py(a)
+        dt = a.dt if isinstance(a, UOp) else b.dt if isinstance(b, UOp) else dtypes.from_py(a)
         ua = a if isinstance(a, UOp) else UOp.const(dt, a)
         ub = b if isinstance(b, UOp) else UOp.const(dt, b)
         return self.alu(Ops.WHERE, ua, ub)

@@ -61,7 +61,8 @@ def _sint(v: Any) -> UOp:
 
 class _Lowerer:
     def __init__(self, ast: UOp, name: str):
-        assert ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE, "kernel must store once"
+        if not (ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE):
+            raise ValueError("a kernel must be a SINK of exactly one STORE")
         self.ast = ast
         self.name = name
         self.store = ast.src[0]
@@ -140,7 +141,8 @@ class _Lowerer:
             out_dt = self.reduce.dtype
             assert out_dt is not None
             # half-precision sums and products accumulate in float32 (as torch does); max needs no width
-            dt = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) and rop is not Ops.MAX else out_dt
+            wide = out_dt in (dtypes.float16, dtypes.bfloat16) and rop is not Ops.MAX
+            dt = dtypes.float32 if wide else out_dt
             accs = {}
             for k, combo in enumerate(combos):
                 acc = UOp(Ops.DEFINE_ACC, dt, (UOp.const(dt, reduce_identity(rop, dt)),), k)
@@ -174,8 +176,8 @@ class _Lowerer:
                 memo[self.reduce] = reduce_values[combo]
             val = self.expr(self.value, out_idxs, out_idxs, memo)
             idx, valid = self.out_st.to_indexed_uops(out_idxs)
-            self.statements.append(UOp(Ops.STORE, None, (UOp(Ops.INDEX, _IDX, (self.out_global, simplify(idx))),
-                                                         val)))
+            index = UOp(Ops.INDEX, _IDX, (self.out_global, simplify(idx)))
+            self.statements.append(UOp(Ops.STORE, None, (index, val)))
         for r in reversed(out_ranges):
             self.statements.append(UOp(Ops.ENDRANGE, None, (r,)))
         self.statements.append(UOp(Ops.ENDRANGE, None, (g,)))
@@ -203,7 +205,8 @@ class _Lowerer:
         elif op is Ops.DEFINE_VAR:
             out = node
         elif op in ALU or op in (Ops.CAST, Ops.BITCAST):
-            out = UOp(op, node.dtype, tuple(self.expr(s, full_idxs, out_idxs, memo) for s in node.src), node.arg)
+            srcs = tuple(self.expr(s, full_idxs, out_idxs, memo) for s in node.src)
+            out = UOp(op, node.dtype, srcs, node.arg)
         else:
             raise NotImplementedError(f"lowering cannot handle {op} inside a kernel value")
         memo[node] = out

@@ -74,13 +74,14 @@ def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: t
             d = d // opts.upcast[ax]
         if not (isinstance(d, int) and d == 1):
             extents.append(d)
-    count, work = 0, 1
+    count = 0
+    work_known: int | None = 1
     for i, d in enumerate(extents):
-        if count > 0 and (not isinstance(work, int) or work >= MIN_GLOBAL_WORK):
+        if count > 0 and (work_known is None or work_known >= MIN_GLOBAL_WORK):
             break
         if count > 0 and i == len(extents) - 1 and isinstance(d, int) and d >= 16:
             break
         count += 1
-        work = work * d if isinstance(d, int) and isinstance(work, int) else None
+        work_known = work_known * d if isinstance(d, int) and work_known is not None else None
     opts.global_axes = max(count, 1) if extents else 0
     return opts

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType

@@ -76,7 +76,7 @@ def buffer_numpy(buf: UOp) -> np.ndarray:
     mem = device_memory(buf)  # a never-written buffer (Tensor.empty) reads as whatever it holds
     if mem.hcq_buffer is not None:
         mem.device.synchronize()
-        mem.device.allocator.copyout(memoryview(out).cast("B"), mem.hcq_buffer)
+        mem.device.allocator.copyout(memoryview(out).cast("B"), mem.hcq_buffer)  # type: ignore[arg-type]
     return out
 
 
@@ -89,7 +89,7 @@ def buffer_write(buf: UOp, flat: np.ndarray) -> None:
     if mem.hcq_buffer is not None:
         # kernels still queued may read this memory: let them finish before the host overwrites it
         mem.device.synchronize()
-        mem.device.allocator.copyin(mem.hcq_buffer, memoryview(np.ascontiguousarray(flat)).cast("B"))
+        mem.device.allocator.copyin(mem.hcq_buffer, memoryview(np.ascontiguousarray(flat)).cast("B"))  # type: ignore[arg-type]
 
 
 def is_allocated(buf: UOp) -> bool:

@@ -16,7 +16,6 @@ from rawgrad import config
 from rawgrad.compiler.ir import UOp
 
 
-
 class GlobalCounters:
     """Process-wide counters (tests assert fusion with `kernel_count`)."""
 

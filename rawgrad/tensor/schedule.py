@@ -45,7 +45,8 @@ def _unbind(x: Any, var_vals: dict[UOp, int]) -> Any:
     for b in binds:
         var, val = b.unbind()
         if var in var_vals and var_vals[var] != val:
-            raise ValueError(f"Variable {var.arg[0]!r} bound to both {var_vals[var]} and {val} in one realize")
+            raise ValueError(f"Variable {var.arg[0]!r} bound to both {var_vals[var]} and {val} "
+                             "in one realize")
         var_vals[var] = val
         mapping[b] = var
     return x.substitute(mapping)

@@ -12,7 +12,6 @@ are the attributes the autograd layer will fill in.
 from __future__ import annotations
 
 import math
-import os
 import string
 import weakref
 from collections.abc import Iterator, Sequence
@@ -33,10 +32,9 @@ from rawgrad.dtype import (
     result_type_with_scalar,
     to_dtype,
 )
+from rawgrad.hcq.device import Device  # noqa: E402
 from rawgrad.tensor import realize as _realize
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, new_buffer
-
-from rawgrad.hcq.device import Device  # noqa: E402
 
 # the default device: DEV from the environment, else the best device the registry detects
 DEFAULT_DEVICE: str = Device.DEFAULT

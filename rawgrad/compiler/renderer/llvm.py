@@ -61,6 +61,7 @@ def const_text(v: Any, dt: DType) -> str:
 
 
 _INTRINSIC_SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
+_UNARY_INTRINSIC = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
 
 
 class _Emitter:
@@ -94,7 +95,8 @@ class _Emitter:
     # ------------------------------------------------------------------ statements
     def render(self) -> str:
         p = self.prog
-        self.lines.append(f"define void @{p.name}(ptr noalias nocapture readonly %args, i64 %start, i64 %end) #0 {{")
+        sig = "ptr noalias nocapture readonly %args, i64 %start, i64 %end"
+        self.lines.append(f"define void @{p.name}({sig}) #0 {{")
         self.lines.append("entry:")
         entry_at = len(self.lines)
         for g in p.globals:
@@ -270,7 +272,8 @@ class _Emitter:
                 safe = self.tmp()
                 self.emit(f"{safe} = select i1 {valid}, i64 {self.value(idx)}, i64 0")
                 ptr = self.tmp()
-                self.emit(f"{ptr} = getelementptr inbounds {mem_type(dt)}, ptr {self.value(glob)}, i64 {safe}")
+                base = self.value(glob)
+                self.emit(f"{ptr} = getelementptr inbounds {mem_type(dt)}, ptr {base}, i64 {safe}")
                 raw = self.tmp()
                 self.emit(f"{raw} = load {mem_type(dt)}, ptr {ptr}")
                 loaded = self.from_memory(raw, dt)
@@ -359,7 +362,7 @@ class _Emitter:
             self.emit(f"{out} = xor {t} {s[0]}, {'1' if sdt.is_bool else '-1'}")
             return out
         if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
-            name = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
+            name = _UNARY_INTRINSIC[op]
             return self._round(self.intrinsic(name, t, s[0]), dt)
         if op is Ops.RECIP:
             self.emit(f"{out} = fdiv {flags}{t} {const_text(1.0, sdt)}, {s[0]}")
