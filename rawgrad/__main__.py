@@ -11,7 +11,7 @@ def demo() -> int:
     import numpy as np
 
     from rawgrad import Device, Tensor
-    from rawgrad.tensor.realize import GlobalCounters
+    from rawgrad.tensor.realize import GlobalCounters, capture_launches
 
     dev = Device.DEFAULT
     print(f"rawgrad demo on device {dev}")
@@ -31,7 +31,8 @@ def demo() -> int:
     for label, build, ref in cases:
         GlobalCounters.reset()
         t0 = time.perf_counter()
-        out = build().numpy()
+        with capture_launches() as launched:
+            out = build().numpy()
         dt = time.perf_counter() - t0
         expect = ref()
         good = np.allclose(out, expect, rtol=1e-4, atol=1e-3)
@@ -39,6 +40,8 @@ def demo() -> int:
         print(f"  {label:28s} kernels={GlobalCounters.kernel_count}"
               f"  compiled={GlobalCounters.kernels_compiled}"
               f"  {dt * 1e3:8.2f} ms  matches numpy: {good}")
+        names = [e.kernel.name for e in launched if e.kernel is not None]
+        print(f"    ran: {', '.join(names)}")
     print("all results match numpy" if ok else "MISMATCH against numpy")
     return 0 if ok else 1
 

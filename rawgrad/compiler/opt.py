@@ -2,27 +2,47 @@
 
 Heuristics, each with the reason it pays on a CPU:
 - matmul-like reduces (an output axis that some input broadcasts while another input walks it
-  contiguously) get a register tile: the contiguous axis is upcast by `TILE_CONTIGUOUS` (one or two
-  SIMD vectors) and a broadcast axis by `TILE_BROADCAST`, so every loaded element feeds several
-  multiply-adds instead of one;
+  contiguously) get a register tile sized to the SIMD width (`TILES_BY_VECTOR_BITS`): the contiguous
+  axis is upcast by the tile's columns and a broadcast axis by its rows, so every loaded element feeds
+  several multiply-adds instead of one, and the column panel is looped outermost so it stays in cache;
 - the global range covers leading output axes until there is enough parallel work for the workers,
   but keeps the last output axis as an inner loop so the vectorizer sees unit-stride accesses.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-TILE_CONTIGUOUS = 16  # 16 float32 = one AVX-512 vector / two AVX2 vectors
-TILE_BROADCAST = 4  # rows of the register tile; 4 x 16 accumulators fit the 32 AVX-512 registers
+# Register tile (rows x columns of accumulators) per SIMD width. Measured on a 2-core AVX-512 EPYC with
+# float32 matmul (docs/benchmarks.md): 8x32 (16 zmm accumulators) reached 160 GFLOP/s at 2048, where
+# 4x16 reached 29 and 8x16 76; with 16 AVX2 registers 4x16 (8 ymm accumulators) leaves room for loads.
+TILES_BY_VECTOR_BITS = {512: (8, 32), 256: (4, 16), 128: (4, 8)}
 MIN_GLOBAL_WORK = 64  # global indices to aim for so every worker thread gets a share
 
 
 @dataclass
 class KernelOpts:
     upcast: dict[int, int] = field(default_factory=dict)  # axis -> unroll factor
+    # output axes in loop-nesting order (outermost first); None keeps the natural order
+    loop_order: list[int] | None = None
     global_axes: int = 1  # how many of the (non-1, output) loop axes form the global range
+
+
+@functools.cache
+def host_vector_bits() -> int:
+    """The widest float SIMD register of this CPU, as LLVM sees it."""
+    try:
+        import llvmlite.binding as llvm
+        features = llvm.get_host_cpu_features().flatten()
+    except Exception:  # no LLVM host info: assume the 128-bit baseline every x86-64/aarch64 has
+        return 128
+    if "+avx512f" in features:
+        return 512
+    if "+avx2" in features or "+avx" in features:
+        return 256
+    return 128
 
 
 def _stride_of(st: Any, axis: int) -> Any:
@@ -59,16 +79,21 @@ def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: t
             if contig_axis is not None:
                 break
         if contig_axis is not None:
-            f = _largest_divisor(full_shape[contig_axis], (TILE_CONTIGUOUS, 8, 4))
+            tile_rows, tile_cols = TILES_BY_VECTOR_BITS[host_vector_bits()]
+            f = _largest_divisor(full_shape[contig_axis], (tile_cols, tile_cols // 2, 8, 4))
             if f is not None:
                 opts.upcast[contig_axis] = f
             if tile_axis is not None:
-                f2 = _largest_divisor(full_shape[tile_axis], (TILE_BROADCAST, 2))
+                f2 = _largest_divisor(full_shape[tile_axis], (tile_rows, 4, 2))
                 if f2 is not None:
                     opts.upcast[tile_axis] = f2
+                # walk the contiguous input's column panel outermost: it stays in cache while
+                # every row block of the other input streams past it
+                rest = [a for a in out_axes if a not in (contig_axis, tile_axis)]
+                opts.loop_order = rest + [contig_axis, tile_axis]
     # global axes: leading non-1 output axes until enough work, keeping the last one inner
     extents = []
-    for ax in out_axes:
+    for ax in (opts.loop_order or out_axes):
         d = full_shape[ax]
         if ax in opts.upcast:
             d = d // opts.upcast[ax]
