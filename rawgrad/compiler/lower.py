@@ -104,7 +104,8 @@ class _Lowerer:
         # loop extent of each axis after upcasting
         extent = [self.full_shape[i] // opts.upcast.get(i, 1) if i in opts.upcast else self.full_shape[i]
                   for i in range(n)]
-        loop_axes = [i for i in out_axes if not (isinstance(extent[i], int) and extent[i] == 1)]
+        ordered = opts.loop_order if opts.loop_order is not None else out_axes
+        loop_axes = [i for i in ordered if not (isinstance(extent[i], int) and extent[i] == 1)]
         global_axes = loop_axes[:opts.global_axes]
         inner_axes = loop_axes[opts.global_axes:]
         global_size = prod(extent[i] for i in global_axes)
