@@ -1,4 +1,4 @@
-"""Command line: `python -m rawgrad [demo|info|bench cpu]`."""
+"""Command line: `python -m rawgrad [demo|info|bench cpu|bench dispatch]`."""
 from __future__ import annotations
 
 import argparse
@@ -59,13 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="run the demo (default)")
     sub.add_parser("info", help="show devices")
     bench = sub.add_parser("bench", help="benchmarks against numpy (and others when installed)")
-    bench.add_argument("what", choices=["cpu"])
+    bench.add_argument("what", choices=["cpu", "dispatch"])
     bench.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     args = parser.parse_args(argv)
     if args.cmd in (None, "demo"):
         return demo()
     if args.cmd == "info":
         return info()
+    if args.cmd == "bench" and args.what == "dispatch":
+        from rawgrad.jit.bench_dispatch import bench_dispatch
+        bench_dispatch()
+        return 0
     if args.cmd == "bench":
         from rawgrad.bench import bench_cpu
         return bench_cpu(quick=args.quick)

@@ -69,6 +69,19 @@ def capture_launches() -> Iterator[list[ExecItem]]:
         _captures.remove(record)
 
 
+# Names of the functions TinyJit is capturing now. A host read of device data inside one would bake the
+# value read into the capture (a replay runs no Python), so Tensor.numpy() asks `check_readback` first.
+readback_guards: list[str] = []
+
+
+def check_readback(what: str) -> None:
+    """Raise if device data is read on the host while a TinyJit capture is recording."""
+    if readback_guards:
+        raise RuntimeError(f"{what} inside a TinyJit-captured function ({readback_guards[-1]}): a replay "
+                           f"runs no Python, so the value read would be frozen at capture time; return "
+                           f"the tensor from the function and read it outside")
+
+
 _kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
 _name_counts: dict[str, int] = {}
 

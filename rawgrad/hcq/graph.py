@@ -1,0 +1,218 @@
+"""Prebuilt command queues for captured graphs: what TinyJit replays.
+
+A captured graph is encoded once as a *template*: the device's own queue encoder run over the commands with
+every operand that differs between processes (kernel entry points, the arena, constant buffers, the
+timeline signal) given as a *relocation* variable, and every operand that differs between replays (input
+and output addresses, symbolic sizes, timeline values) as a *patch* variable. Both are DEFINE_VARs, so the
+template's words plus its patch list are position independent: that pair is what a saved graph stores,
+and its patch list doubles as the relocation table.
+
+`HCQGraph` instantiates a template on a live device: relocations become constant words, only the replay
+patch points stay symbolic, and the queue is bound once. A replay is `HWQueue.submit(device, var_vals)`:
+the queue rewrites the words whose value changed and rings one doorbell (on the CPU one RUN_BLOCK record,
+so no Python runs per kernel).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rawgrad.compiler.ir import UOp, Variable
+from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
+
+if TYPE_CHECKING:
+    from rawgrad.hcq.device import HCQDevice
+    from rawgrad.hcq.program import Program
+
+__all__ = ["ARENA_ALIGNMENT", "CopyCommand", "HCQGraph", "KernelCommand", "QueueTemplate", "address_var",
+           "build_template", "plan_arena"]
+
+# Addresses and timeline values are unsigned 64-bit words.
+WORD64_MAX = 2**64 - 1
+# Arena offsets are aligned to this many bytes: more than any vector load the renderers emit assumes
+# (an AVX-512 register is 64 bytes) and a multiple of every cache line we care about.
+ARENA_ALIGNMENT = 256
+
+# Patch variables the graph owns: the timeline values a replay waits for and signals.
+TIMELINE_WAIT = Variable("graph.timeline_wait", 0, WORD64_MAX)
+TIMELINE_SIGNAL = Variable("graph.timeline_signal", 0, WORD64_MAX)
+# Relocation the graph owns: where this process keeps the device's timeline signal.
+TIMELINE_ADDRESS = Variable("reloc.timeline", 0, WORD64_MAX)
+
+
+def address_var(name: str) -> UOp:
+    """A 64-bit symbolic address (a relocation or a patch point, depending on who fills it in)."""
+    return Variable(name, 0, WORD64_MAX)
+
+
+def program_var(index: int) -> UOp:
+    """The relocation for the entry point of the template's `index`-th program."""
+    return address_var(f"reloc.program{index}")
+
+
+@dataclass
+class KernelCommand:
+    """One launch: buffer addresses then integer scalars in `args`, a 1-D `global_size`."""
+
+    program: Program
+    args: list[Value]
+    global_size: Value
+
+
+@dataclass
+class CopyCommand:
+    """A same-device copy of `nbytes` from `src` to `dst`."""
+
+    dst: Value
+    src: Value
+    nbytes: Value
+
+
+Command = KernelCommand | CopyCommand
+
+
+@dataclass
+class QueueTemplate:
+    """A relocatable encoding of one device's queue (see the module docstring)."""
+
+    queue_kind: str  # the HWQueue subclass that encoded it: a loader must have the same encoder
+    word_bits: int
+    words: np.ndarray  # uint64, zero where a patch point or relocation goes
+    patches: list[PatchPoint]
+    program_names: list[str] = field(default_factory=list)  # program_var(k) refers to program_names[k]
+
+
+class _SymbolicSignal:
+    """Stands in for a Signal while encoding a template: its address is a relocation."""
+
+    def __init__(self, address: UOp) -> None:
+        self.address = address
+        self.timestamp_address = address + 8  # the slot after the value word (hcq/signal.py layout)
+        self.name = "timeline (relocatable)"
+
+
+class _SymbolicProgram:
+    """Stands in for a Program while encoding a template: its entry point is a relocation."""
+
+    def __init__(self, program: Program, entry: UOp) -> None:
+        self.name, self.device, self.lib = program.name, program.device, program.lib
+        self.fn_addr = entry  # what the CPU encoder reads (drivers/cpu/device.py CPUQueue._exec)
+
+    def __repr__(self) -> str:
+        return f"SymbolicProgram({self.name!r})"
+
+
+def build_template(device: HCQDevice, commands: Sequence[Command]) -> tuple[QueueTemplate, list[Program]]:
+    """Encode `wait(timeline) -> commands... -> signal(timeline)` with relocatable operands; returns the
+    template and the programs its relocations refer to, in order."""
+    q = device.queue()
+    timeline: Any = _SymbolicSignal(TIMELINE_ADDRESS)
+    programs: list[Program] = []
+    proxies: dict[int, Any] = {}  # Any: a _SymbolicProgram stands in for the Program
+    q.wait(timeline, TIMELINE_WAIT)
+    for cmd in commands:
+        if isinstance(cmd, KernelCommand):
+            proxy: Any = proxies.get(id(cmd.program))
+            if proxy is None:
+                proxy = proxies[id(cmd.program)] = _SymbolicProgram(cmd.program, program_var(len(programs)))
+                programs.append(cmd.program)
+            q.exec(proxy, cmd.args, (cmd.global_size, 1, 1))
+        elif isinstance(cmd, CopyCommand):
+            q.copy(cmd.dst, cmd.src, cmd.nbytes)
+        else:
+            raise TypeError(f"not a graph command: {cmd!r}")
+    q.signal(timeline, TIMELINE_SIGNAL)
+    words = np.array(q.words(), dtype=np.uint64, copy=True)
+    template = QueueTemplate(type(q).__name__, q.WORD_BITS, words, q.patch_points,
+                             [p.name for p in programs])
+    return template, programs
+
+
+def _instantiate(template: QueueTemplate, device: HCQDevice, relocs: Mapping[UOp, int]) -> HWQueue:
+    """A bound queue: relocations resolved to constant words, replay patch points left symbolic."""
+    q = device.queue()
+    if type(q).__name__ != template.queue_kind or q.WORD_BITS != template.word_bits:
+        raise ValueError(f"graph was encoded for {template.queue_kind} ({template.word_bits}-bit words); "
+                         f"{device.name} uses {type(q).__name__} ({q.WORD_BITS}-bit words)")
+    words = [int(w) for w in template.words]
+    mask = (1 << template.word_bits) - 1
+    dynamic: list[PatchPoint] = []
+    for p in template.patches:
+        variables = p.expr.variables()
+        if all(v in relocs for v in variables):
+            words[p.index] |= (sym_eval(p.expr, relocs) >> p.shift) & mask
+            continue
+        bound = {v: UOp.const(v.dt, relocs[v]) for v in variables if v in relocs}
+        dynamic.append(PatchPoint(p.index, p.expr.substitute(bound) if bound else p.expr, p.shift))
+    # The encoder helpers are the queue's own (same package): the words are already encoded.
+    q._emit(*words)
+    for p in dynamic:
+        q._add_patch(p)
+    return q.bind(device)
+
+
+class HCQGraph:
+    """One device's captured work as a bound queue; `submit(var_vals)` replays it on the timeline."""
+
+    def __init__(self, device: HCQDevice, template: QueueTemplate, programs: Sequence[Program],
+                 relocs: Mapping[UOp, int]) -> None:
+        if len(programs) != len(template.program_names):
+            raise ValueError(f"template needs {len(template.program_names)} programs, got {len(programs)}")
+        full = dict(relocs)
+        for k, prog in enumerate(programs):
+            entry = getattr(prog, "fn_addr", None)
+            if entry is None:
+                raise NotImplementedError(f"graphs of {type(prog).__name__} programs are not supported yet")
+            full[program_var(k)] = int(entry)
+        full[TIMELINE_ADDRESS] = device.timeline_signal.address
+        self.device, self.template, self.programs = device, template, list(programs)
+        self.queue = _instantiate(template, device, full)
+        self.patch_variables = sorted({v for p in self.queue.patch_points for v in p.expr.variables()},
+                                      key=lambda v: v.arg)
+
+    def submit(self, var_vals: Mapping[UOp, int]) -> int:
+        """Replay once after all earlier work of the device's timeline; returns the timeline value it
+        signals. Raises (before anything runs) if a variable is missing or out of range."""
+        dev = self.device
+        value = dev.timeline_value
+        vals = dict(var_vals)
+        vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
+        self.queue.submit(dev, vals)
+        # Only reserve the value once the work is queued: a refused submit must not leave a gap that
+        # a later synchronize would wait on forever.
+        dev.timeline_value = value + 1
+        return value
+
+
+def plan_arena(sizes: Sequence[int], lifetimes: Sequence[tuple[int, int]],
+               alignment: int = ARENA_ALIGNMENT) -> tuple[list[int], int]:
+    """Offsets for buffers of `sizes` bytes live over inclusive step ranges `lifetimes`, such that two
+    buffers overlap in memory only if their lifetimes do not overlap; returns (offsets, arena bytes).
+
+    Buffers are placed in order of first use, each at the lowest aligned gap among the buffers still live
+    (first fit), so a chain of temporaries reuses a few slots instead of growing the arena."""
+    if len(sizes) != len(lifetimes):
+        raise ValueError(f"{len(sizes)} sizes but {len(lifetimes)} lifetimes")
+    offsets = [0] * len(sizes)
+    live: list[tuple[int, int, int]] = []  # (offset, end offset, last step), sorted by offset
+    total = 0
+    for i in sorted(range(len(sizes)), key=lambda k: (lifetimes[k][0], -sizes[k])):
+        first, last = lifetimes[i]
+        if first > last:
+            raise ValueError(f"buffer {i}: lifetime {lifetimes[i]} ends before it starts")
+        live = [e for e in live if e[2] >= first]
+        need = -(-max(sizes[i], 1) // alignment) * alignment
+        at = 0
+        for start, end, _ in live:
+            if start - at >= need:
+                break
+            at = max(at, end)
+        offsets[i] = at
+        live.append((at, at + need, last))
+        live.sort()
+        total = max(total, at + need)
+    return offsets, total
+

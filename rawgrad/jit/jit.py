@@ -1,0 +1,612 @@
+"""TinyJit: run a function once eagerly, capture the kernels of its second call, replay them afterwards.
+
+A capture turns the launches the function made (`realize.capture_launches`) into one prebuilt queue per
+device (`hcq.graph.HCQGraph`). Buffers are sorted into four roles:
+
+- input: the buffer behind a Tensor argument; its address is a patch point, filled in per call;
+- output: a buffer the capture wrote and the function returned; a fresh one is allocated per call (its
+  address is a patch point too) so results of earlier calls stay intact, unless `reuse_outputs=True`;
+- intermediate: created and first written inside the capture, not returned; planned into one arena per
+  device, reused by lifetime;
+- external: anything else the kernels touch (weights, constants made inside the function, state the
+  function assigns to); kept alive by the capture and used in place.
+
+Guards: every call is compared with the capture (structure of the arguments, each Tensor's shape, dtype,
+device and buffer size, which arguments share a buffer, the value of every non-Tensor argument). Bound
+Variables (`Variable("n", 1, 100).bind(5)`), passed as arguments or inside symbolic input shapes, are
+patch points: one capture serves every value in range. Tensor inputs are realized into contiguous
+buffers before the graph runs, so an input's strides never reach the kernels: a strided input is copied
+(outside the graph) and accepted.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.dtype import DType
+from rawgrad.hcq.device import Device, HCQDevice
+from rawgrad.hcq.graph import (
+    CopyCommand,
+    HCQGraph,
+    KernelCommand,
+    QueueTemplate,
+    address_var,
+    build_template,
+    plan_arena,
+)
+from rawgrad.hcq.program import Program
+from rawgrad.hcq.queue import sym_eval
+from rawgrad.tensor import realize as _realize
+from rawgrad.tensor.buffers import DeviceMemory, device_memory, new_buffer
+from rawgrad.tensor.interpret import is_realized
+from rawgrad.tensor.tensor import Tensor
+
+__all__ = ["JitError", "TinyJit"]
+
+ReturnT = TypeVar("ReturnT")
+MISMATCH_POLICIES = ("error", "recapture")
+
+
+class JitError(ValueError):
+    """A call that a capture cannot serve (a guard failed), or a graph that cannot be captured."""
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+# A leaf's path: (position or keyword name,) for an argument, (name, key) for an item of a list, tuple
+# or dict argument.
+Path = tuple[Any, ...]
+
+
+def _flatten(args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[Path, Any]]:
+    """Every argument, and the items of list/tuple/dict arguments (one level), with its path. A container
+    also appears itself as a marker (its type and keys), so its structure is guarded like a constant."""
+    out: list[tuple[Path, Any]] = []
+    items: list[tuple[int | str, Any]] = list(enumerate(args)) + sorted(kwargs.items())
+    for name, x in items:
+        if isinstance(x, (list, tuple)):
+            out.append(((name,), ("container", type(x).__name__, len(x))))
+            out.extend(((name, i), y) for i, y in enumerate(x))
+        elif isinstance(x, dict):
+            out.append(((name,), ("container", "dict", tuple(x))))
+            out.extend(((name, k), y) for k, y in x.items())
+        else:
+            out.append(((name,), x))
+    return out
+
+
+def _describe(fn: Callable[..., Any], path: Path) -> str:
+    """`argument 0 ('x')`, `argument 'scale'`, `argument 1 ('xs')[2]` for error messages."""
+    name = path[0]
+    if isinstance(name, int):
+        try:
+            params = [p for p in inspect.signature(fn).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            label = f"argument {name} ({params[name].name!r})" if name < len(params) else f"argument {name}"
+        except (TypeError, ValueError):
+            label = f"argument {name}"
+    else:
+        label = f"argument {name!r}"
+    return label if len(path) == 1 else f"{label}[{path[1]!r}]"
+
+
+def _unbind_shape(shape: tuple[Any, ...], var_vals: dict[UOp, int]) -> tuple[Any, ...]:
+    """The shape with bound Variables replaced by the bare Variable; their values go into var_vals."""
+    out: list[Any] = []
+    for d in shape:
+        if isinstance(d, UOp):
+            binds = [n for n in d.toposort() if n.op is Ops.BIND]
+            for b in binds:
+                var, val = b.unbind()
+                if var_vals.setdefault(var, val) != val:
+                    raise JitError(f"Variable {var.arg[0]!r} is bound to both {var_vals[var]} and {val}")
+            d = d.substitute({b: b.src[0] for b in binds}) if binds else d
+        out.append(d)
+    return tuple(out)
+
+
+def _rebind(shape: tuple[Any, ...] | None, var_vals: dict[UOp, int]) -> tuple[Any, ...] | None:
+    if shape is None:
+        return None
+    return tuple(d.substitute({v: v.bind(var_vals[v]) for v in d.variables()}) if isinstance(d, UOp) else d
+                 for d in shape)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and other objects without a truth value: identity was the only test
+        return False
+
+
+@dataclass(frozen=True)
+class TensorGuard:
+    """What a Tensor argument must look like to reuse a capture."""
+
+    shape: tuple[Any, ...]  # bound Variables replaced by the Variable
+    dtype: DType
+    device: str
+    buffer_size: int  # elements of the buffer behind it (symbolic shapes read a max-size buffer)
+
+    def differences(self, other: TensorGuard) -> list[str]:
+        diffs = []
+        if self.shape != other.shape:
+            diffs.append(f"shape {_fmt_shape(other.shape)} (captured with {_fmt_shape(self.shape)})")
+        if self.dtype != other.dtype:
+            diffs.append(f"dtype {other.dtype} (captured with {self.dtype})")
+        if self.device != other.device:
+            diffs.append(f"device {other.device} (captured with {self.device})")
+        if not diffs and self.buffer_size != other.buffer_size:
+            diffs.append(f"a buffer of {other.buffer_size} elements (captured with {self.buffer_size})")
+        return diffs
+
+
+def _fmt_shape(shape: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"
+
+
+@dataclass
+class _Call:
+    """One call's arguments, sorted out and checked against nothing yet."""
+
+    leaves: list[tuple[Path, Any]]
+    tensor_idx: list[int]  # leaf indices of the Tensors
+    buffers: list[UOp]  # the BUFFER behind each Tensor
+    guards: list[TensorGuard]
+    aliases: tuple[int, ...]  # per Tensor: index of the first Tensor reading the same buffer
+    var_vals: dict[UOp, int]  # from bound Variable arguments and symbolic input shapes
+    key: tuple[Any, ...]  # what selects a capture: structure, tensor guards, aliases
+
+    @staticmethod
+    def of(args: Sequence[Any], kwargs: dict[str, Any]) -> _Call:
+        leaves = _flatten(args, kwargs)
+        tensor_idx = [i for i, (_, x) in enumerate(leaves) if isinstance(x, Tensor)]
+        pending = [leaves[i][1] for i in tensor_idx if not is_realized(leaves[i][1].uop)]
+        if pending:
+            # one realize for all of them: the graph reads inputs as whole contiguous buffers
+            Tensor.realize(*pending)
+        var_vals: dict[UOp, int] = {}
+        buffers: list[UOp] = []
+        guards: list[TensorGuard] = []
+        first: dict[UOp, int] = {}
+        kinds: list[Any] = []
+        for path, x in leaves:
+            if isinstance(x, Tensor):
+                base = x.uop.base
+                if base.op is not Ops.BUFFER:
+                    raise JitError(f"input tensor at {path} did not realize to a buffer ({base.op})")
+                buffers.append(base)
+                shape = _unbind_shape(x.shape, var_vals)
+                guards.append(TensorGuard(shape, x.dtype, base.device, base.arg[1]))
+                kinds.append((path, "tensor"))
+            elif isinstance(x, UOp) and x.op is Ops.BIND:
+                var, val = x.unbind()
+                if var_vals.setdefault(var, val) != val:
+                    raise JitError(f"Variable {var.arg[0]!r} is bound to both {var_vals[var]} and {val}")
+                kinds.append((path, "var", var))
+            elif isinstance(x, UOp) and x.op is Ops.DEFINE_VAR:
+                raise JitError(f"Variable {x.arg[0]!r} passed to a jitted function must be bound "
+                               f"(Variable(...).bind(value))")
+            else:
+                kinds.append((path, "const"))
+        aliases = tuple(first.setdefault(b, k) for k, b in enumerate(buffers))
+        key = (tuple(kinds), tuple(guards), aliases)
+        return _Call(leaves, tensor_idx, buffers, guards, aliases, var_vals, key)
+
+
+# ---------------------------------------------------------------------------------------------- captures
+# How a returned Tensor is found after a replay: (role, index, reshape or None, dtype).
+# role "out": fresh output buffer k; "in": the buffer of input Tensor k; "ext": external buffer k.
+OutRef = tuple[str, int, "tuple[Any, ...] | None", DType]
+
+
+@dataclass
+class DeviceGraph:
+    """The part of a capture that runs on one device."""
+
+    device: str
+    template: QueueTemplate
+    arena_bytes: int
+    programs: list[Program]
+
+
+@dataclass
+class CapturedGraph:
+    """Everything one capture needs to replay (and to be saved): guards, graphs, buffer plan, outputs."""
+
+    key: tuple[Any, ...]
+    consts: list[tuple[Path, Any]]  # non-Tensor, non-Variable leaves and their captured values
+    baked: dict[UOp, int]  # values of Variables not passed in (bound inside the function)
+    devices: list[DeviceGraph]
+    externals: list[UOp]  # BUFFER nodes used in place
+    outputs: list[tuple[str, int, DType]]  # (device, elements, dtype) of each fresh output buffer
+    returned: Any  # the return value's shape (see _encode_return)
+    kernel_count: int
+    reuse_outputs: bool = False
+    _graphs: list[HCQGraph] = field(default_factory=list)
+    _arenas: list[DeviceMemory] = field(default_factory=list)
+    _kept_outputs: list[UOp] | None = None
+
+    def link(self) -> None:
+        """Allocate the arenas and bind one queue per device (once per capture or load)."""
+        graphs, arenas = [], []
+        ext_relocs = {_ext_var(j): device_memory(b).address for j, b in enumerate(self.externals)}
+        for d, dg in enumerate(self.devices):
+            dev: HCQDevice = Device[dg.device]
+            arena = DeviceMemory(dev, dg.arena_bytes)
+            arenas.append(arena)
+            relocs = {**ext_relocs, _arena_var(d): arena.address}
+            graphs.append(HCQGraph(dev, dg.template, dg.programs, relocs))
+        self._graphs, self._arenas = graphs, arenas
+
+    def replay(self, call: _Call) -> Any:
+        vals = dict(self.baked)
+        vals.update(call.var_vals)
+        for slot, b in enumerate(call.buffers):
+            vals[_input_var(slot)] = device_memory(b).address
+        outs = self._output_buffers()
+        for k, b in enumerate(outs):
+            vals[_output_var(k)] = device_memory(b).address
+        for g in self._graphs:
+            g.submit(vals)
+        return _decode_return(self.returned, outs, call.buffers, self.externals, vals)
+
+    def _output_buffers(self) -> list[UOp]:
+        if self.reuse_outputs and self._kept_outputs is not None:
+            return self._kept_outputs
+        outs = [new_buffer(dev, size, dt) for dev, size, dt in self.outputs]
+        if self.reuse_outputs:
+            self._kept_outputs = outs
+        return outs
+
+
+def _input_var(slot: int) -> UOp:
+    return address_var(f"jit.input{slot}")
+
+
+def _output_var(k: int) -> UOp:
+    return address_var(f"jit.output{k}")
+
+
+def _ext_var(j: int) -> UOp:
+    return address_var(f"reloc.buffer{j}")
+
+
+def _arena_var(d: int) -> UOp:
+    return address_var(f"reloc.arena{d}")
+
+
+def _encode_return(x: Any, ref: Callable[[Tensor], OutRef]) -> Any:
+    """The return value with every Tensor replaced by where its buffer comes from after a replay."""
+    if isinstance(x, Tensor):
+        return ("tensor", ref(x))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, [_encode_return(y, ref) for y in x])
+    if isinstance(x, dict):
+        return ("dict", [(k, _encode_return(y, ref)) for k, y in x.items()])
+    return ("const", x)
+
+
+def _decode_return(enc: Any, outs: list[UOp], ins: list[UOp], ext: list[UOp], vals: dict[UOp, int]) -> Any:
+    kind, body = enc
+    if kind == "tensor":
+        role, index, reshape, dtype = body
+        buf = (outs if role == "out" else ins if role == "in" else ext)[index]
+        shape = _rebind(reshape, vals)
+        return Tensor(buf if shape is None else UOp(Ops.RESHAPE, dtype, (buf,), shape))
+    if kind in ("list", "tuple"):
+        items = [_decode_return(y, outs, ins, ext, vals) for y in body]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {k: _decode_return(y, outs, ins, ext, vals) for k, y in body}
+    return body
+
+
+def _collect_tensors(x: Any) -> list[Tensor]:
+    if isinstance(x, Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _collect_tensors(y)]
+    if isinstance(x, dict):
+        return [t for y in x.values() for t in _collect_tensors(y)]
+    return []
+
+
+def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any], kwargs: dict[str, Any],
+             reuse_outputs: bool) -> tuple[Any, CapturedGraph]:
+    """Run `fn` once while recording its launches; returns its result and the capture."""
+    # Buffers created from here on (higher uids) are the capture's own; a 0-element node costs no memory.
+    first_uid = new_buffer(call.buffers[0].device if call.buffers else Device.DEFAULT, 0, _any_dtype()).arg[0]
+    _realize.readback_guards.append(name)
+    try:
+        with _realize.capture_launches() as record:
+            ret = fn(*args, **kwargs)
+            outs = _collect_tensors(ret)
+            if outs:
+                Tensor.realize(*outs)
+    finally:
+        _realize.readback_guards.remove(name)
+
+    slot_of = {b: k for k, b in enumerate(call.buffers)}
+    first_use: dict[UOp, tuple[int, bool]] = {}  # buffer -> (item index, only written there)
+    last_use: dict[UOp, int] = {}
+    for i, ei in enumerate(record):
+        if not ei.bufs:
+            continue
+        for b in ei.bufs:
+            if b not in first_use:
+                first_use[b] = (i, all(k == 0 for k, c in enumerate(ei.bufs) if c is b))
+            last_use[b] = i
+
+    def created_here(b: UOp) -> bool:
+        return b.arg[0] > first_uid
+
+    out_bufs: dict[UOp, int] = {}
+    externals: dict[UOp, int] = {}
+
+    def ref(t: Tensor) -> OutRef:
+        u = t.uop
+        base = u.base
+        if base.op is not Ops.BUFFER:
+            raise JitError(f"{name}: a returned tensor did not realize to a buffer ({base.op})")
+        reshape = _unbind_shape(u.arg, {}) if u.op is Ops.RESHAPE else None
+        assert base.dtype is not None
+        if base in slot_of:
+            return ("in", slot_of[base], reshape, base.dtype)
+        if created_here(base) and first_use.get(base, (0, False))[1]:
+            return ("out", out_bufs.setdefault(base, len(out_bufs)), reshape, base.dtype)
+        return ("ext", externals.setdefault(base, len(externals)), reshape, base.dtype)
+
+    returned = _encode_return(ret, ref)
+    intermediates = [b for b, (_, write_only) in first_use.items()
+                     if created_here(b) and write_only and b not in out_bufs and b not in slot_of]
+    inter_set = set(intermediates)
+
+    devices: dict[str, list[Any]] = {}
+    var_vals: dict[UOp, int] = {}
+    for ei in record:
+        var_vals.update(ei.var_vals)
+    # intermediates per device, placed in that device's arena
+    arena_plan: dict[str, tuple[dict[UOp, int], int]] = {}
+    for dev in sorted({b.device for b in intermediates}):
+        bufs = [b for b in intermediates if b.device == dev]
+        sizes = [b.arg[1] * _itemsize(b) for b in bufs]
+        offsets, total = plan_arena(sizes, [(first_use[b][0], last_use[b]) for b in bufs])
+        arena_plan[dev] = (dict(zip(bufs, offsets, strict=True)), total)
+    device_order: list[str] = []
+
+    def address(b: UOp, dev: str) -> Any:
+        if b.device != dev:
+            raise JitError(f"{name}: a kernel on {dev} uses a buffer on {b.device}")
+        if b in slot_of:
+            return _input_var(slot_of[b])
+        if b in out_bufs:
+            return _output_var(out_bufs[b])
+        if b in inter_set:
+            off = arena_plan[dev][0][b]
+            arena = _arena_var(device_order.index(dev))
+            return arena + off if off else arena
+        return _ext_var(externals.setdefault(b, len(externals)))
+
+    kernels = 0
+    for ei in record:
+        if not ei.bufs:
+            continue
+        dev = ei.bufs[0].device
+        if dev not in devices:
+            devices[dev] = []
+            device_order.append(dev)
+        if ei.kernel is None:
+            dst, src = ei.bufs
+            if src.device != dst.device:
+                raise JitError(f"{name}: copies between devices ({src.device} -> {dst.device}) cannot be "
+                               f"captured yet; move the data before calling the jitted function")
+            nbytes = dst.arg[1] * _itemsize(dst)
+            devices[dev].append(CopyCommand(address(dst, dev), address(src, dev), nbytes))
+            continue
+        ck = ei.kernel
+        gsize: Any = ck.linear.global_size
+        if isinstance(gsize, UOp):
+            try:
+                sym_eval(gsize, var_vals)
+            except TypeError as e:
+                raise JitError(f"{name}: kernel {ck.name} has a launch size the graph cannot patch: "
+                               f"{e}") from e
+            if not gsize.variables():
+                gsize = sym_eval(gsize, {})
+        args = [address(b, dev) for b in ei.bufs] + list(ck.linear.variables)
+        devices[dev].append(KernelCommand(ck.program, args, gsize))
+        kernels += 1
+
+    graphs = []
+    for dev in device_order:
+        template, programs = build_template(Device[dev], devices[dev])
+        graphs.append(DeviceGraph(dev, template, arena_plan.get(dev, ({}, 0))[1], programs))
+    passed = set(call.var_vals)  # Variables passed in (as arguments or in input shapes)
+    consts = [(p, x) for p, x in call.leaves if not isinstance(x, Tensor) and
+              not (isinstance(x, UOp) and x.op is Ops.BIND)]
+    ext_list = sorted(externals, key=externals.__getitem__)
+    cap = CapturedGraph(call.key, consts,
+                        {v: val for v, val in var_vals.items() if v not in passed}, graphs, ext_list,
+                        [(b.device, b.arg[1], _dtype(b)) for b in sorted(out_bufs, key=out_bufs.__getitem__)],
+                        returned, kernels, reuse_outputs)
+    cap.link()
+    return ret, cap
+
+
+def _itemsize(b: UOp) -> int:
+    return _dtype(b).itemsize
+
+
+def _dtype(b: UOp) -> DType:
+    assert b.dtype is not None, b
+    return b.dtype
+
+
+def _any_dtype() -> DType:
+    from rawgrad.dtype import dtypes
+    return dtypes.uint8
+
+
+# ---------------------------------------------------------------------------------------------- TinyJit
+class TinyJit(Generic[ReturnT]):
+    """Decorator: call 1 runs `fn` eagerly, call 2 captures the kernels it launches, later calls replay
+    them as prebuilt command queues.
+
+    on_mismatch: what a call whose Tensor arguments differ from the capture (shape, dtype, device, buffer
+    size, which arguments share a buffer, structure of the arguments) does: "error" (default) raises
+    JitError naming the argument and the difference; "recapture" captures again for the new signature
+    (captures are kept per signature). A different non-Tensor argument always raises: its value was baked
+    into the kernels. reuse_outputs=True lets each replay write into the same output buffers (faster;
+    Tensors returned by an earlier call then change).
+    """
+
+    def __init__(self, fn: Callable[..., ReturnT] | None, *, on_mismatch: str = "error",
+                 reuse_outputs: bool = False) -> None:
+        if on_mismatch not in MISMATCH_POLICIES:
+            raise ValueError(f"on_mismatch must be one of {MISMATCH_POLICIES}, got {on_mismatch!r}")
+        self.fn = fn
+        self.on_mismatch = on_mismatch
+        self.reuse_outputs = reuse_outputs
+        self.calls = 0
+        self.captures: dict[tuple[Any, ...], CapturedGraph] = {}
+        self.last: CapturedGraph | None = None
+        if fn is not None:
+            functools.update_wrapper(self, fn)
+        self.name = getattr(fn, "__qualname__", "loaded graph") if fn is not None else "loaded graph"
+
+    def __repr__(self) -> str:
+        return f"TinyJit({self.name}, calls={self.calls}, captures={len(self.captures)})"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> TinyJit[ReturnT]:
+        """On a method: one TinyJit (one cache) per instance."""
+        if obj is None or self.fn is None:
+            return self
+        try:
+            store = vars(obj)
+        except TypeError:
+            raise TypeError(f"TinyJit on a method needs instances with a __dict__; "
+                            f"{type(obj).__name__} has none") from None
+        key = f"__tinyjit_{id(self):x}"
+        jit = store.get(key)
+        if jit is None:
+            jit = store[key] = TinyJit(self.fn.__get__(obj, objtype), on_mismatch=self.on_mismatch,
+                                       reuse_outputs=self.reuse_outputs)
+        return jit
+
+    def reset(self) -> None:
+        """Forget every capture; the next call runs eagerly again."""
+        self.calls, self.captures, self.last = 0, {}, None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ReturnT:
+        if _realize._captures and self.fn is not None:
+            # Called inside another capture: run the Python so the outer capture records these kernels.
+            return self._eager(args, kwargs)
+        if self.fn is not None and self.calls == 0:
+            self.calls += 1
+            return self._eager(args, kwargs)
+        call = _Call.of(args, kwargs)
+        cap = self.captures.get(call.key)
+        if cap is None:
+            if self.fn is None:
+                self._mismatch(call, recapture_possible=False)
+            if self.last is not None and self.on_mismatch == "error":
+                self._mismatch(call, recapture_possible=True)
+            self.calls += 1
+            assert self.fn is not None
+            ret, cap = _capture(self.fn, self.name, call, args, kwargs, self.reuse_outputs)
+            self.captures[call.key] = cap
+            self.last = cap
+            return ret  # type: ignore[no-any-return]
+        self._check_consts(cap, call)
+        self.calls += 1
+        self.last = cap
+        return cap.replay(call)  # type: ignore[no-any-return]
+
+    def _eager(self, args: Sequence[Any], kwargs: dict[str, Any]) -> ReturnT:
+        assert self.fn is not None
+        ret = self.fn(*args, **kwargs)
+        outs = _collect_tensors(ret)
+        if outs:
+            Tensor.realize(*outs)
+        return ret
+
+    def _label(self, path: Path) -> str:
+        return _describe(self.fn, path) if self.fn is not None else _describe(lambda: None, path)
+
+    def _check_consts(self, cap: CapturedGraph, call: _Call) -> None:
+        values = [(p, x) for p, x in call.leaves if not isinstance(x, Tensor) and
+                  not (isinstance(x, UOp) and x.op is Ops.BIND)]
+        for (path, old), (_, new) in zip(cap.consts, values, strict=True):
+            if not _same_value(old, new):
+                raise JitError(f"TinyJit({self.name}): {self._label(path)} is {_short(new)} but the capture "
+                               f"was made with {_short(old)}; non-Tensor arguments are baked into the "
+                               f"captured kernels. Pass a Tensor or a bound Variable for values that change, "
+                               f"or use a separate TinyJit")
+
+    def _mismatch(self, call: _Call, recapture_possible: bool) -> None:
+        ref = self.last if self.last is not None else next(iter(self.captures.values()), None)
+        hint = " (pass on_mismatch='recapture' to capture again for new shapes)" if recapture_possible else \
+            " (a loaded graph cannot capture again)"
+        if ref is None:
+            raise JitError(f"TinyJit({self.name}): nothing captured to replay")
+        old_kinds, old_guards, old_alias = ref.key
+        new_kinds, new_guards, new_alias = call.key
+        if [k[:2] for k in old_kinds] != [k[:2] for k in new_kinds]:
+            raise JitError(f"TinyJit({self.name}): the arguments differ in structure from the capture: "
+                           f"captured {_structure(old_kinds)}, got {_structure(new_kinds)}{hint}")
+        tensor_paths = [k[0] for k in new_kinds if k[1] == "tensor"]
+        for path, old, new in zip(tensor_paths, old_guards, new_guards, strict=True):
+            diffs = old.differences(new)
+            if diffs:
+                raise JitError(f"TinyJit({self.name}): {self._label(path)} has {'; '.join(diffs)}{hint}")
+        if old_alias != new_alias:
+            raise JitError(f"TinyJit({self.name}): the Tensor arguments share buffers differently than at "
+                           f"capture (captured {old_alias}, got {new_alias}: equal numbers read the same "
+                           f"buffer){hint}")
+        for (path, *old_var), (_, *new_var) in zip(old_kinds, new_kinds, strict=True):
+            if old_var != new_var:
+                raise JitError(f"TinyJit({self.name}): {self._label(path)} is a different Variable than at "
+                               f"capture{hint}")
+        raise JitError(f"TinyJit({self.name}): call does not match the capture{hint}")
+
+    # saving is in rawgrad.jit.storage (kept apart: file format, hashing, trust checks)
+    def save(self, path: str) -> None:
+        """Write the most recent capture to `path` (kernel binaries, queue, buffer plan, guards)."""
+        from rawgrad.jit.storage import save_capture
+        if self.last is None:
+            raise JitError(f"TinyJit({self.name}): nothing captured yet; call the function twice "
+                           f"before save()")
+        save_capture(self.last, path)
+
+    @staticmethod
+    def load(path: str, *, allow_untrusted: bool = False) -> TinyJit[Any]:
+        """A callable that replays a graph saved with `save` (no tracing, no compiling)."""
+        from rawgrad.jit.storage import load_capture
+        cap = load_capture(path, allow_untrusted=allow_untrusted)
+        jit: TinyJit[Any] = TinyJit(None, reuse_outputs=cap.reuse_outputs)
+        jit.name = f"loaded graph {path!r}"
+        jit.captures[cap.key] = cap
+        jit.last = cap
+        return jit
+
+
+def _short(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _structure(kinds: Sequence[Any]) -> str:
+    return "[" + ", ".join(f"{_path_str(k[0])}: {k[1]}" for k in kinds) + "]"
+
+
+def _path_str(path: Path) -> str:
+    return str(path[0]) if len(path) == 1 else f"{path[0]}[{path[1]!r}]"

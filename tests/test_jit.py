@@ -1,0 +1,246 @@
+"""TinyJit: capture, replay equal to eager (bit for bit on the CPU), and every guard."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rawgrad import Device, Tensor, Variable
+from rawgrad.jit import JitError, TinyJit
+from rawgrad.tensor import realize as realize_module
+from rawgrad.tensor.buffers import buffer_numpy
+from rawgrad.tensor.realize import GlobalCounters
+
+
+def arr(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def model(x: Tensor, w: Tensor) -> Tensor:
+    h = (x @ w).relu()
+    return (h - h.max(axis=1, keepdim=True)).exp().sum(axis=1) * 0.5
+
+
+def test_replay_is_bit_exact_and_launches_no_kernels(rng: np.random.Generator) -> None:
+    w = Tensor(arr(rng, 8, 5))
+    jitted = TinyJit(model)
+    for i in range(5):
+        x_np = arr(rng, 4, 8)
+        before = GlobalCounters.kernel_count
+        got = jitted(Tensor(x_np), w).numpy()
+        if i >= 2:  # replays do not go through the realize loop
+            assert GlobalCounters.kernel_count == before
+        want = model(Tensor(x_np), w).numpy()
+        np.testing.assert_array_equal(got, want)
+    assert jitted.last is not None and jitted.last.kernel_count >= 2
+
+
+def test_replay_is_one_ring_record(rng: np.random.Generator) -> None:
+    dev: Any = Device["CPU"]
+
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        for _ in range(20):
+            x = (x + 1).realize()
+        return x
+
+    x = Tensor(np.zeros(16, np.float32))
+    f(x), f(x)
+    start = dev.write_index
+    out = f(x)
+    assert dev.write_index - start == 1  # one RUN_BLOCK record for 20 kernels
+    np.testing.assert_array_equal(out.numpy(), np.full(16, 20, np.float32))
+    assert f.last is not None and f.last.devices[0].arena_bytes <= 2 * 256  # the chain reuses two slots
+
+
+def test_kwargs_and_containers(rng: np.random.Generator) -> None:
+    def fn(xs: list[Tensor], d: dict[str, Tensor], *, scale: Tensor) -> dict[str, Any]:
+        return {"sum": (xs[0] + xs[1]) * scale, "prod": d["a"] * d["b"], "tag": "ok"}
+
+    jitted = TinyJit(fn)
+    for _ in range(4):
+        a, b, c, e, s = (arr(rng, 3) for _ in range(5))
+        out = jitted([Tensor(a), Tensor(b)], {"a": Tensor(c), "b": Tensor(e)}, scale=Tensor(s))
+        np.testing.assert_array_equal(out["sum"].numpy(), (a + b) * s)
+        np.testing.assert_array_equal(out["prod"].numpy(), c * e)
+        assert out["tag"] == "ok"
+
+
+class Layer:
+    def __init__(self, bias: float) -> None:
+        self.b = Tensor(np.full(3, bias, np.float32))
+
+    @TinyJit
+    def __call__(self, x: Tensor) -> Tensor:
+        return x * 2 + self.b
+
+
+def test_method_has_one_cache_per_instance() -> None:
+    one, two = Layer(1.0), Layer(10.0)
+    x = np.arange(3, dtype=np.float32)
+    for _ in range(4):
+        np.testing.assert_array_equal(one(Tensor(x)).numpy(), x * 2 + 1)
+        np.testing.assert_array_equal(two(Tensor(x)).numpy(), x * 2 + 10)
+    assert one.__call__ is one.__call__ and one.__call__ is not two.__call__
+    assert one.__call__.last is not two.__call__.last
+
+
+def test_bound_variable_serves_every_value_in_range() -> None:
+    w = Tensor(np.arange(8, dtype=np.float32))
+
+    @TinyJit
+    def f(x: Tensor, n: Any) -> Tensor:
+        return (x + w).shrink(((0, n),)) * 3
+
+    x_np = np.linspace(0, 1, 8, dtype=np.float32)
+    for n in (2, 5, 7, 1, 8, 3):
+        out = f(Tensor(x_np), Variable("n", 1, 8).bind(n))
+        assert out.shape[0].unbind()[1] == n  # the returned shape carries this call's value
+        want = ((x_np + np.arange(8, dtype=np.float32)) * np.float32(3))[:n]
+        np.testing.assert_array_equal(buffer_numpy(out.uop.base)[:n], want)
+    assert len(f.captures) == 1
+    with pytest.raises(ValueError, match="outside its range"):
+        Variable("n", 1, 8).bind(9)
+    with pytest.raises(JitError, match="must be bound"):
+        f(Tensor(x_np), Variable("n", 1, 8))
+
+
+def capture(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    fn(*args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def test_shape_mismatch_errors_by_default_naming_the_argument() -> None:
+    f = TinyJit(lambda x, y: x + y)
+    capture(f, Tensor(np.ones(4, np.float32)), Tensor(np.ones(4, np.float32)))
+    with pytest.raises(JitError, match=r"argument 1 \('y'\) has shape \(5,\) \(captured with \(4,\)\)"):
+        f(Tensor(np.ones(4, np.float32)), Tensor(np.ones(5, np.float32)))
+    with pytest.raises(JitError, match=r"argument 0 \('x'\) has dtype dtypes.int32"):
+        f(Tensor(np.ones(4, np.int32)), Tensor(np.ones(4, np.float32)))
+
+
+def test_device_mismatch_errors() -> None:
+    f = TinyJit(lambda x: x * 2)
+    capture(f, Tensor(np.ones(4, np.float32)))
+    other = Tensor(np.ones(4, np.float32), device="CPU:1")
+    with pytest.raises(JitError, match="device CPU:1 \\(captured with CPU\\)"):
+        f(other)
+    Device.close("CPU:1")
+
+
+def test_recapture_policy_keeps_one_capture_per_signature() -> None:
+    f = TinyJit(lambda x: x * 2 + 1, on_mismatch="recapture")
+    for n in (4, 4, 6, 4, 6, 6):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(f(Tensor(x)).numpy(), x * 2 + 1)
+    assert len(f.captures) == 2
+
+
+def test_strided_input_is_made_contiguous() -> None:
+    f = TinyJit(lambda x: x * 2)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(6, dtype=np.float32).reshape(3, 2) + 100
+    capture(f, Tensor(a))
+    np.testing.assert_array_equal(f(Tensor(b).T).numpy(), b.T * 2)
+    np.testing.assert_array_equal(f(Tensor(a)).numpy(), a * 2)
+
+
+def test_scalar_argument_change_is_an_error() -> None:
+    f = TinyJit(lambda x, scale: x * scale)
+    capture(f, Tensor(np.ones(3, np.float32)), 2.0)
+    np.testing.assert_array_equal(f(Tensor(np.ones(3, np.float32)), 2.0).numpy(), [2, 2, 2])
+    with pytest.raises(JitError, match=r"argument 1 \('scale'\) is 3.0 but the capture was made with 2.0"):
+        f(Tensor(np.ones(3, np.float32)), 3.0)
+
+
+def test_outputs_are_not_overwritten_by_the_next_call() -> None:
+    f = TinyJit(lambda x: x + 1)
+    outs = [f(Tensor(np.full(3, i, np.float32))) for i in range(5)]
+    for i, o in enumerate(outs):
+        np.testing.assert_array_equal(o.numpy(), np.full(3, i + 1))
+
+
+def test_reuse_outputs_opts_in_to_overwriting() -> None:
+    f = TinyJit(lambda x: x + 1, reuse_outputs=True)
+    outs = [f(Tensor(np.full(3, i, np.float32))) for i in range(5)]
+    np.testing.assert_array_equal(outs[3].numpy(), np.full(3, 5))  # the last call's value
+    assert outs[3].uop.base is outs[4].uop.base
+
+
+def test_same_tensor_twice_and_alias_guard() -> None:
+    f = TinyJit(lambda a, b: a * 10 + b)
+    x = np.arange(3, dtype=np.float32)
+    capture(f, Tensor(x), Tensor(x))  # captured with two different buffers
+    t = Tensor(x + 1)
+    with pytest.raises(JitError, match="share buffers differently"):
+        f(t, t)
+    g = TinyJit(lambda a, b: a * 10 + b)
+    for i in range(4):
+        t = Tensor(x + i)
+        np.testing.assert_array_equal(g(t, t).numpy(), (x + i) * 11)
+
+
+def test_input_written_by_the_function() -> None:
+    def step(x: Tensor, d: Tensor) -> Tensor:
+        x.assign(x + d)
+        return x * 2
+
+    f = TinyJit(step)
+    state = Tensor(np.zeros(4, np.float32))
+    for i in range(1, 6):
+        out = f(state, Tensor(np.ones(4, np.float32)))
+        np.testing.assert_array_equal(state.numpy(), np.full(4, i))
+        np.testing.assert_array_equal(out.numpy(), np.full(4, 2 * i))
+
+
+def test_state_assigned_inside_the_function_persists() -> None:
+    class Counter:
+        def __init__(self) -> None:
+            self.n = Tensor(np.zeros(2, np.float32))
+
+        @TinyJit
+        def tick(self, x: Tensor) -> Tensor:
+            self.n.assign(self.n + x)
+            return self.n + 0
+
+    c = Counter()
+    for i in range(1, 6):
+        np.testing.assert_array_equal(c.tick(Tensor(np.ones(2, np.float32))).numpy(), np.full(2, i))
+
+
+def test_nested_jit() -> None:
+    inner = TinyJit(lambda x: x * 3)
+    outer = TinyJit(lambda x: inner(x + 1) - 1)
+    for i in range(5):
+        x = np.full(4, i, np.float32)
+        np.testing.assert_array_equal(outer(Tensor(x)).numpy(), (x + 1) * 3 - 1)
+        np.testing.assert_array_equal(inner(Tensor(x)).numpy(), x * 3)
+
+
+def test_returns_input_constant_and_none() -> None:
+    f = TinyJit(lambda x, y: (x, y * 2, None, 7))
+    for i in range(4):
+        x = Tensor(np.full(2, i, np.float32))
+        a, b, c, d = f(x, Tensor(np.ones(2, np.float32)))
+        np.testing.assert_array_equal(a.numpy(), np.full(2, i))
+        np.testing.assert_array_equal(b.numpy(), [2, 2])
+        assert c is None and d == 7
+
+
+def test_read_back_inside_capture_is_an_error() -> None:
+    def f(x: Tensor) -> Tensor:
+        realize_module.check_readback("Tensor.numpy()")
+        return x + 1
+
+    jitted = TinyJit(f)
+    jitted(Tensor(np.ones(2, np.float32)))  # the eager call may read
+    with pytest.raises(RuntimeError, match="inside a TinyJit-captured function"):
+        jitted(Tensor(np.ones(2, np.float32)))
+
+
+def test_numpy_inside_capture_is_an_error() -> None:
+    jitted = TinyJit(lambda x: x + float(x.sum().item()))
+    jitted(Tensor(np.ones(2, np.float32)))
+    with pytest.raises(RuntimeError, match="inside a TinyJit-captured function"):
+        jitted(Tensor(np.ones(2, np.float32)))
