@@ -529,6 +529,7 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """The data as a numpy array (bfloat16 comes back as float32)."""
+        _realize.check_readback("Tensor.numpy()")
         self.realize()
         base = self.uop.base
         data = buffer_numpy(base).reshape(self.shape)
