@@ -155,3 +155,15 @@ def test_every_dtype_round_trips_through_a_kernel(dtype):
     base = np.array([[0, 1, 2], [3, 4, 5]]).T
     expect = (base.astype(bool) | base.astype(bool)) if dt == dtypes.bool else base * 2
     np.testing.assert_array_equal(out.astype(np.float64), expect.astype(np.float64))
+
+
+def test_symbolic_shrink_compiles_once_for_every_value():
+    from rawgrad.compiler.ir import Variable
+    from rawgrad.tensor.buffers import buffer_numpy
+    x = Tensor(np.arange(10, dtype=np.float32)).realize()
+    GlobalCounters.reset()
+    for k in (1, 4, 7, 10):
+        y = (x.shrink(((0, Variable("n", 1, 10).bind(k)),)) * 2).sum()
+        y.realize()
+        assert buffer_numpy(y.uop.base)[0] == 2 * sum(range(k))
+    assert GlobalCounters.kernels_compiled <= 1  # one kernel serves every value of n

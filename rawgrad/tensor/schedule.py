@@ -241,12 +241,18 @@ class _KernelBuilder:
         out_st = ShapeTracker.from_shape(self.loop_shape)
         root_st = ShapeTracker.from_shape(self._shape(self.root.shape)).reshape(self.loop_shape)
         value = self.visit(self.root, root_st, True, True)
-        for v in value.toposort():
-            if v.op is Ops.DEFINE_VAR:
-                self.variables.add(v)
         for d in self.loop_shape:
             if isinstance(d, UOp):
                 self.variables.update(d.variables())
+        for v in value.toposort():
+            if v.op is Ops.DEFINE_VAR:
+                self.variables.add(v)
+            if v.op is Ops.VIEW:
+                self.variables.update(v.arg.variables())
+            if v.op is Ops.REDUCE_AXIS:
+                for d in v.arg[2]:
+                    if isinstance(d, UOp):
+                        self.variables.update(d.variables())
         store = UOp(Ops.STORE, None, (self.global_for(self.bufs[0]), UOp(Ops.VIEW, None, (), out_st), value))
         return UOp(Ops.SINK, None, (store,))
 
