@@ -64,6 +64,9 @@ def _torch_per_op(n: int) -> float | None:
     return _median(run, _repeats(n)) / n
 
 
+_UNAVAILABLE: dict[str, str] = {}
+
+
 def _tinygrad_per_kernel(n: int) -> float | None:
     try:
         from tinygrad import Tensor as TgTensor  # type: ignore[import-not-found]
@@ -77,10 +80,14 @@ def _tinygrad_per_kernel(n: int) -> float | None:
             x = (x + 1).contiguous().realize()
         return x.realize()
 
-    x = TgTensor.zeros(ELEMENTS).contiguous().realize()
-    for _ in range(3):
-        step(x).numpy()
-    return _median(lambda: step(x).numpy(), _repeats(n)) / n
+    try:
+        x = TgTensor.zeros(ELEMENTS).contiguous().realize()
+        for _ in range(3):
+            step(x).numpy()
+        return _median(lambda: step(x).numpy(), _repeats(n)) / n
+    except Exception as e:  # installed but unusable here (e.g. no C compiler for its CPU device)
+        _UNAVAILABLE["tinygrad"] = f"installed but failed to run: {type(e).__name__}: {e}"
+        return None
 
 
 def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS) -> list[dict[str, Any]]:
@@ -133,7 +140,7 @@ def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS) -> list[dict[str, A
     if rows and rows[0]["torch_s"] is None:
         print("torch: not installed, skipped")
     if rows and rows[0]["tinygrad_s"] is None:
-        print("tinygrad: not installed, skipped")
+        print(f"tinygrad: {_UNAVAILABLE.get('tinygrad', 'not installed')}, skipped")
     return rows
 
 
