@@ -5,9 +5,9 @@ CAST/BITCAST, CONTIGUOUS, ASSIGN, COPY); nothing runs until `realize()`/`numpy()
 broadcasting and dtype promotion happen, so every ALU node it builds already has sources of one shape
 and (except WHERE's condition and shift amounts) one dtype.
 
-Autograd is not here yet. Gradients will be derived from the UOp graph itself (every op below is built
-from a small primitive set with known derivatives), so ops record nothing; `requires_grad` and `grad`
-are the attributes the autograd layer will fill in.
+Gradients are derived from the UOp graph itself (every op below is built from a small primitive set with
+known derivatives; see `rawgrad.tensor.autograd`), so ops record nothing: `backward()` and `gradient()`
+walk the graph back to the tensors that have `requires_grad`.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from rawgrad.dtype import (
     to_dtype,
 )
 from rawgrad.hcq.device import Device  # noqa: E402
+from rawgrad.tensor import autograd as _autograd
 from rawgrad.tensor import realize as _realize
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, new_buffer
 
@@ -137,7 +138,8 @@ class _IndexPlan:
 class Tensor:
     """A lazily evaluated n-dimensional array on a device."""
 
-    training: ClassVar[bool] = False
+    training: ClassVar[bool] = False  # dropout and batch statistics; `with Tensor.train():`
+    no_grad: ClassVar[bool] = False  # `with rawgrad.no_grad():` refuses backward and keeps no graph history
     _seed: ClassVar[int] = 0
     _rng_counter: ClassVar[int] = 0
     __hash__ = object.__hash__  # __eq__ is elementwise, identity stays the hash
@@ -178,8 +180,8 @@ class Tensor:
         if isinstance(data, (UOp, Tensor)) and device is not None and uop.device != dev:
             uop = UOp(Ops.COPY, uop.dtype, (uop,), dev)
         self.uop: UOp = uop
-        self.requires_grad: bool | None = requires_grad
         self.grad: Tensor | None = None
+        self.requires_grad = requires_grad
 
     # ------------------------------------------------------------------ properties
     @property
@@ -518,7 +520,9 @@ class Tensor:
             if p is not None and p.uop in nodes and id(p) not in chosen:
                 tensors.append(p)
                 chosen.add(id(p))
-        done = _realize.realize(*(t.uop for t in tensors))
+        before = [t.uop for t in tensors]
+        done = _realize.realize(*before)
+        _autograd.remember_history(before, done)  # so backward() still works on a realized loss
         for t, u in zip(tensors, done):
             t.uop = u
             _pending_assigns.pop(id(t), None)
@@ -552,7 +556,8 @@ class Tensor:
         return self.to("CPU")
 
     def detach(self) -> Tensor:
-        return Tensor(self.uop, requires_grad=False)
+        """The same value with no gradient flowing back through it."""
+        return Tensor(_autograd.detach_uop(self.uop), requires_grad=False)
 
     def contiguous(self) -> Tensor:
         return self._alu(Ops.CONTIGUOUS)
@@ -585,6 +590,66 @@ class Tensor:
         key = id(self)
         _pending_assigns[key] = weakref.ref(self, lambda _r: _pending_assigns.pop(key, None))
         return self
+
+    # ------------------------------------------------------------------ autograd
+    @property
+    def requires_grad(self) -> bool | None:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool | None) -> None:
+        _autograd.register_leaf(self, flag)  # backward() finds its leaves through this registry
+        self._requires_grad = flag
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.requires_grad = requires_grad
+        return self
+
+    @staticmethod
+    def train(mode: bool = True) -> _autograd.train:
+        """`with Tensor.train():` (or as a decorator) turns on Tensor.training inside the block."""
+        return _autograd.train(mode)
+
+    def _grad_root(self, gradient: Tensor | None, what: str) -> tuple[UOp, UOp]:
+        if Tensor.no_grad:
+            raise RuntimeError(f"{what}() inside no_grad: gradients are switched off")
+        if not self.dtype.is_float:
+            raise TypeError(f"{what}() needs a float tensor, got {self.dtype}")
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError(f"{what}() of a non-scalar tensor (shape {self.shape}) needs a gradient "
+                                   "argument of the same shape")
+            g = self._const(1.0)
+        else:
+            g = self._as_tensor(gradient).cast(self.dtype)
+            if g.shape != self.shape:
+                raise ValueError(f"{what}(): gradient of shape {g.shape} does not match shape {self.shape}")
+        return self.uop, g.uop
+
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        """Accumulate d(self)/d(leaf) into `.grad` of every tensor with requires_grad in self's graph."""
+        root, g = self._grad_root(gradient, "backward")
+        root = _autograd.with_history(root, _autograd.leaf_nodes())
+        leaves = _autograd.leaves_in(set(root.toposort()))
+        if not leaves:
+            raise RuntimeError("backward(): no tensor in this graph has requires_grad=True (a tensor "
+                               "realized under no_grad keeps no graph to walk back through)")
+        grads = _autograd.compute_gradients(root, g, list({t.uop: None for t in leaves}))
+        for t in leaves:
+            gt = Tensor(grads[t.uop])
+            t.grad = gt if t.grad is None else t.grad + gt
+        return self
+
+    def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+        """d(self)/d(target) for each target, without touching any `.grad` (tinygrad's API)."""
+        root, g = self._grad_root(gradient, "gradient")
+        root = _autograd.with_history(root, {t.uop for t in targets})
+        grads = _autograd.compute_gradients(root, g, [t.uop for t in targets])
+        for i, t in enumerate(targets):
+            if t.uop not in grads:
+                raise ValueError(f"gradient(): target {i} (shape {t.shape}) is not in the graph of "
+                                 "this tensor")
+        return [Tensor(grads[t.uop]) for t in targets]
 
     # ------------------------------------------------------------------ dtypes
     def cast(self, dtype: DTypeLike) -> Tensor:

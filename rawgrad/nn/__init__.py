@@ -1,0 +1,32 @@
+"""Neural-network layers, losses, optimizers and state helpers on the lazy Tensor."""
+from rawgrad.nn import optim, state
+from rawgrad.nn.functional import (
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    conv_transpose2d,
+    cross_entropy,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    sparse_categorical_crossentropy,
+)
+from rawgrad.nn.layers import (
+    BatchNorm,
+    BatchNorm1d,
+    BatchNorm2d,
+    Conv2d,
+    ConvTranspose2d,
+    Dropout,
+    Embedding,
+    GroupNorm,
+    LayerNorm,
+    Linear,
+    RMSNorm,
+    Sequential,
+)
+from rawgrad.tensor.autograd import enable_grad, no_grad
+
+__all__ = ["optim", "state", "binary_cross_entropy", "binary_cross_entropy_with_logits", "conv_transpose2d",
+           "cross_entropy", "l1_loss", "mse_loss", "nll_loss", "sparse_categorical_crossentropy",
+           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "Conv2d", "ConvTranspose2d", "Dropout", "Embedding",
+           "GroupNorm", "LayerNorm", "Linear", "RMSNorm", "Sequential", "enable_grad", "no_grad"]
