@@ -5,7 +5,7 @@ from typing import Any
 
 from rawgrad.dtype import DType, dtypes
 
-__all__ = ["Tensor", "Device", "dtypes", "DType", "Variable", "GlobalCounters"]
+__all__ = ["Tensor", "Device", "dtypes", "DType", "Variable", "GlobalCounters", "TinyJit", "nn", "no_grad"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,6 +18,15 @@ def __getattr__(name: str) -> Any:
     if name == "Variable":
         from rawgrad.compiler.ir import Variable
         return Variable
+    if name == "TinyJit":
+        from rawgrad.jit import TinyJit
+        return TinyJit
+    if name == "nn":
+        import rawgrad.nn as nn
+        return nn
+    if name == "no_grad":
+        from rawgrad.tensor.autograd import no_grad
+        return no_grad
     if name == "GlobalCounters":
         from rawgrad.tensor.realize import GlobalCounters
         return GlobalCounters

@@ -1,6 +1,7 @@
 """The device base and the process-wide device registry (`Device["CPU"]`, `Device.DEFAULT`)."""
 from __future__ import annotations
 
+import atexit
 import importlib
 import threading
 from collections.abc import Callable
@@ -86,6 +87,7 @@ class DeviceRegistry:
         self._instances: dict[str, HCQDevice] = {}
         self._lock = threading.RLock()
         self._drivers_loaded = False
+        self._atexit_registered = False
         self.driver_errors: dict[str, BaseException] = {}
 
     def register(self, kind: str, factory: Factory, *, probe: Probe | None = None,
@@ -136,6 +138,11 @@ class DeviceRegistry:
                 if dev is None:
                     factory = self._drivers[full.partition(":")[0]][0]
                     dev = self._instances[full] = factory(full)
+                    if not self._atexit_registered:
+                        # atexit runs last-registered first: this drains and stops every device before
+                        # weakref finalizers unmap kernel code and buffers that queued work may still use
+                        atexit.register(self.close_all)
+                        self._atexit_registered = True
         return dev
 
     @property
