@@ -167,3 +167,11 @@ def test_symbolic_shrink_compiles_once_for_every_value():
         y.realize()
         assert buffer_numpy(y.uop.base)[0] == 2 * sum(range(k))
     assert GlobalCounters.kernels_compiled <= 1  # one kernel serves every value of n
+
+
+def test_numpy_of_a_symbolic_shape_uses_the_bound_value():
+    from rawgrad.compiler.ir import Variable
+    x = Tensor(np.arange(10, dtype=np.float32)).realize()
+    n = Variable("n", 1, 10)
+    for k in (3, 6):
+        np.testing.assert_array_equal((x.shrink(((0, n.bind(k)),)) * 2).numpy(), np.arange(k) * 2)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.dtype import (
     DType,
     DTypeLike,
@@ -536,8 +537,10 @@ class Tensor:
         _realize.check_readback("Tensor.numpy()")
         self.realize()
         base = self.uop.base
-        data = buffer_numpy(base).reshape(self.shape)
-        return bf16_bits_to_f32(data).reshape(self.shape) if self.dtype == dtypes.bfloat16 else data
+        # a symbolic dim reads as the value its bound Variable has (the buffer is sized for the maximum)
+        shape = tuple(d if isinstance(d, int) else int(sym_infer(d, {})) for d in self.shape)
+        data = buffer_numpy(base)[:_prod(shape)].reshape(shape)
+        return bf16_bits_to_f32(data).reshape(shape) if self.dtype == dtypes.bfloat16 else data
 
     def item(self) -> Scalar:
         if self.numel() != 1:
