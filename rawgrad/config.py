@@ -37,3 +37,14 @@ def CACHE_DIR() -> str:  # noqa: N802
 def REFERENCE() -> bool:  # noqa: N802
     """REFERENCE=1 realizes through the numpy reference interpreter instead of compiled kernels."""
     return getenv_int("REFERENCE") != 0
+
+
+def PROFILE() -> bool:  # noqa: N802
+    """PROFILE=1 brackets every kernel (eager and inside TinyJit replays) with device timestamps and
+    writes a Chrome trace at exit (see rawgrad.hcq.profile)."""
+    return getenv_int("PROFILE") != 0
+
+
+def PROFILE_OUT() -> str:  # noqa: N802
+    """Where PROFILE=1 writes its Chrome trace at exit (a .png beside it too when matplotlib is there)."""
+    return os.environ.get("PROFILE_OUT") or os.path.join(".", "rawgrad_profile.json")

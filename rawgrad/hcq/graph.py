@@ -11,6 +11,10 @@ and its patch list doubles as the relocation table.
 patch points stay symbolic, and the queue is bound once. A replay is `HWQueue.submit(device, var_vals)`:
 the queue rewrites the words whose value changed and rings one doorbell (on the CPU one RUN_BLOCK record,
 so no Python runs per kernel).
+
+With PROFILE=1 a template can be encoded with `timestamp` commands around each kernel (`profile=True`);
+their signals are relocations too, filled by the HCQGraph with signals it owns, and each replay's
+timestamps are recorded by hcq.profile. A template built without it has no extra commands.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rawgrad.compiler.ir import UOp, Variable
+from rawgrad.hcq.profile import PROFILER, REPLAY
 from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
 
 if TYPE_CHECKING:
@@ -53,6 +58,11 @@ def program_var(index: int) -> UOp:
     return address_var(f"reloc.program{index}")
 
 
+def profile_var(index: int, end: bool) -> UOp:
+    """The relocation for the signal timestamped before (or after, `end`) the `index`-th kernel."""
+    return address_var(f"reloc.profile{index}.{'end' if end else 'start'}")
+
+
 @dataclass
 class KernelCommand:
     """One launch: buffer addresses then integer scalars in `args`, a 1-D `global_size`."""
@@ -83,15 +93,18 @@ class QueueTemplate:
     words: np.ndarray  # uint64, zero where a patch point or relocation goes
     patches: list[PatchPoint]
     program_names: list[str] = field(default_factory=list)  # program_var(k) refers to program_names[k]
+    # Kernel names of the timestamp pairs (profile_var(k, ...) brackets profile_names[k]); empty unless
+    # encoded with profile=True.
+    profile_names: list[str] = field(default_factory=list)
 
 
 class _SymbolicSignal:
     """Stands in for a Signal while encoding a template: its address is a relocation."""
 
-    def __init__(self, address: UOp) -> None:
+    def __init__(self, address: UOp, name: str = "timeline") -> None:
         self.address = address
         self.timestamp_address = address + 8  # the slot after the value word (hcq/signal.py layout)
-        self.name = "timeline (relocatable)"
+        self.name = f"{name} (relocatable)"
 
 
 class _SymbolicProgram:
@@ -105,13 +118,16 @@ class _SymbolicProgram:
         return f"SymbolicProgram({self.name!r})"
 
 
-def build_template(device: HCQDevice, commands: Sequence[Command]) -> tuple[QueueTemplate, list[Program]]:
+def build_template(device: HCQDevice, commands: Sequence[Command],
+                   profile: bool = False) -> tuple[QueueTemplate, list[Program]]:
     """Encode `wait(timeline) -> commands... -> signal(timeline)` with relocatable operands; returns the
-    template and the programs its relocations refer to, in order."""
+    template and the programs its relocations refer to, in order. `profile` puts a `timestamp` before and
+    after each kernel."""
     q = device.queue()
     timeline: Any = _SymbolicSignal(TIMELINE_ADDRESS)
     programs: list[Program] = []
     proxies: dict[int, Any] = {}  # Any: a _SymbolicProgram stands in for the Program
+    profiled: list[str] = []
     q.wait(timeline, TIMELINE_WAIT)
     for cmd in commands:
         if isinstance(cmd, KernelCommand):
@@ -119,7 +135,14 @@ def build_template(device: HCQDevice, commands: Sequence[Command]) -> tuple[Queu
             if proxy is None:
                 proxy = proxies[id(cmd.program)] = _SymbolicProgram(cmd.program, program_var(len(programs)))
                 programs.append(cmd.program)
-            q.exec(proxy, cmd.args, (cmd.global_size, 1, 1))
+            if profile:
+                k = len(profiled)
+                start: Any = _SymbolicSignal(profile_var(k, end=False), f"profile {k} start")
+                end: Any = _SymbolicSignal(profile_var(k, end=True), f"profile {k} end")
+                q.timestamp(start).exec(proxy, cmd.args, (cmd.global_size, 1, 1)).timestamp(end)
+                profiled.append(cmd.program.name)
+            else:
+                q.exec(proxy, cmd.args, (cmd.global_size, 1, 1))
         elif isinstance(cmd, CopyCommand):
             q.copy(cmd.dst, cmd.src, cmd.nbytes)
         else:
@@ -127,7 +150,7 @@ def build_template(device: HCQDevice, commands: Sequence[Command]) -> tuple[Queu
     q.signal(timeline, TIMELINE_SIGNAL)
     words = np.array(q.words(), dtype=np.uint64, copy=True)
     template = QueueTemplate(type(q).__name__, q.WORD_BITS, words, q.patch_points,
-                             [p.name for p in programs])
+                             [p.name for p in programs], profiled)
     return template, programs
 
 
@@ -168,6 +191,12 @@ class HCQGraph:
                 raise NotImplementedError(f"graphs of {type(prog).__name__} programs are not supported yet")
             full[program_var(k)] = int(entry)
         full[TIMELINE_ADDRESS] = device.timeline_signal.address
+        # The graph owns its timestamp signals: the bound queue writes them on every replay.
+        self.profile_pairs = [(device.new_signal(name=f"graph profile {k} start"),
+                               device.new_signal(name=f"graph profile {k} end"))
+                              for k in range(len(template.profile_names))]
+        for k, (start, end) in enumerate(self.profile_pairs):
+            full[profile_var(k, end=False)], full[profile_var(k, end=True)] = start.address, end.address
         self.device, self.template, self.programs = device, template, list(programs)
         self.queue = _instantiate(template, device, full)
         self.patch_variables = sorted({v for p in self.queue.patch_points for v in p.expr.variables()},
@@ -177,6 +206,9 @@ class HCQGraph:
         """Replay once after all earlier work of the device's timeline; returns the timeline value it
         signals. Raises (before anything runs) if a variable is missing or out of range."""
         dev = self.device
+        if self.profile_pairs:
+            # This replay rewrites the same timestamp slots: read the previous replay's first.
+            PROFILER.settle(self)
         value = dev.timeline_value
         vals = dict(var_vals)
         vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
@@ -184,6 +216,9 @@ class HCQGraph:
         # Only reserve the value once the work is queued: a refused submit must not leave a gap that
         # a later synchronize would wait on forever.
         dev.timeline_value = value + 1
+        if self.profile_pairs:
+            PROFILER.add(dev, value, self.template.profile_names, self.profile_pairs, REPLAY, self.queue.name,
+                         owner=self)
         return value
 
 

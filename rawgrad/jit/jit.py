@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from rawgrad import config
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType
 from rawgrad.hcq.device import Device, HCQDevice
@@ -216,6 +217,9 @@ class DeviceGraph:
     template: QueueTemplate
     arena_bytes: int
     programs: list[Program]
+    # `template` with timestamps around each kernel, made when PROFILE=1 at capture: what link() binds
+    # then. Never saved, so a saved graph replays without profiling commands.
+    profiled: QueueTemplate | None = None
 
 
 @dataclass
@@ -244,7 +248,8 @@ class CapturedGraph:
             arena = DeviceMemory(dev, dg.arena_bytes)
             arenas.append(arena)
             relocs = {**ext_relocs, _arena_var(d): arena.address}
-            graphs.append(HCQGraph(dev, dg.template, dg.programs, relocs))
+            template = dg.profiled if dg.profiled is not None else dg.template
+            graphs.append(HCQGraph(dev, template, dg.programs, relocs))
         self._graphs, self._arenas = graphs, arenas
 
     def replay(self, call: _Call) -> Any:
@@ -427,9 +432,11 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
         kernels += 1
 
     graphs = []
+    profile = config.PROFILE()
     for dev in device_order:
         template, programs = build_template(Device[dev], devices[dev])
-        graphs.append(DeviceGraph(dev, template, arena_plan.get(dev, ({}, 0))[1], programs))
+        profiled = build_template(Device[dev], devices[dev], profile=True)[0] if profile else None
+        graphs.append(DeviceGraph(dev, template, arena_plan.get(dev, ({}, 0))[1], programs, profiled))
     passed = set(call.var_vals)  # Variables passed in (as arguments or in input shapes)
     consts = [(p, x) for p, x in call.leaves if not isinstance(x, Tensor) and
               not (isinstance(x, UOp) and x.op is Ops.BIND)]

@@ -39,11 +39,16 @@ class CompiledKernel:
     linear: Any  # LinearProgram
     source: str
 
-    def launch(self, bufs: list[Any], var_vals: dict[UOp, int], wait: bool = False) -> float | None:
+    def launch(self, bufs: list[Any], var_vals: dict[UOp, int], wait: bool = False,
+               profile: bool = False) -> float | None:
+        """Run once; `profile` brackets the exec with device timestamps recorded by hcq.profile."""
         from rawgrad.compiler.symbolic import sym_infer
         vals = tuple(var_vals[v] for v in self.linear.variables)
-        gsize = sym_infer(self.linear.global_size, var_vals)
-        return self.program(*bufs, global_size=(int(gsize), 1, 1), vals=vals, wait=wait)
+        gsize = (int(sym_infer(self.linear.global_size, var_vals)), 1, 1)
+        if profile:
+            from rawgrad.hcq import profile as hcq_profile
+            return hcq_profile.launch(self.program, bufs, gsize, vals=vals, wait=wait)
+        return self.program(*bufs, global_size=gsize, vals=vals, wait=wait)
 
 
 @dataclass
@@ -118,6 +123,7 @@ def run_schedule(items: list[Any]) -> None:
     from rawgrad.tensor.buffers import buffer_numpy, buffer_write, device_memory
 
     debug = config.DEBUG()
+    profile = config.PROFILE()
     for si in items:
         if si.ast is None:
             dst, src = si.bufs
@@ -131,7 +137,7 @@ def run_schedule(items: list[Any]) -> None:
         ck = get_kernel(si.ast, device, si.name)
         mems = [device_memory(b) for b in si.bufs]
         st = time.perf_counter()
-        elapsed = ck.launch([m.hcq_buffer for m in mems], si.var_vals, wait=debug >= 2)
+        elapsed = ck.launch([m.hcq_buffer for m in mems], si.var_vals, wait=debug >= 2, profile=profile)
         GlobalCounters.kernel_count += 1
         for rec in _captures:
             rec.append(ExecItem(ck, list(si.bufs), dict(si.var_vals)))
