@@ -10,7 +10,8 @@ from collections.abc import Callable
 import numpy as np
 
 
-def _median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median wall time of `repeats` calls of `fn`, after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
     times = []
@@ -39,8 +40,8 @@ def bench_cpu(quick: bool = False) -> int:
     def run(label: str, ours: Callable[[], object], theirs: Callable[[], object],
             check: Callable[[], None]) -> None:
         check()
-        t_ours = _median_time(ours, repeats)
-        t_np = _median_time(theirs, repeats)
+        t_ours = median_time(ours, repeats)
+        t_np = median_time(theirs, repeats)
         rows.append((label, t_ours, t_np))
         print(f"{label:34s} {t_ours * 1e3:11.3f} {t_np * 1e3:10.3f} {t_np / t_ours:14.2f}x", flush=True)
 

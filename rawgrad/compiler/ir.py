@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import struct
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from enum import Enum, auto
 from typing import Any
 
@@ -133,9 +133,6 @@ class _UOpMeta(type):
         return node
 
 
-sint = "int | UOp"  # a size that may be symbolic (documentation alias; see `SInt` below)
-
-
 class UOp(metaclass=_UOpMeta):
     """One node of the IR. Never mutate; build new nodes with `replace` or the helpers."""
 
@@ -177,9 +174,6 @@ class UOp(metaclass=_UOpMeta):
                 if s not in seen:
                     stack.append((s, False))
         return order
-
-    def sparents(self) -> Iterator[UOp]:
-        yield from self.toposort()
 
     def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
         """Replace nodes by identity, rebuilding everything above them."""
@@ -512,10 +506,6 @@ def _compute_bounds(u: UOp) -> tuple[Any, Any]:
 
 
 # ---------------------------------------------------------------------- shape / device inference
-def _as_int_or_uop(x: Any) -> Any:
-    return x
-
-
 def _infer_shape(u: UOp) -> tuple[Any, ...]:
     op = u.op
     if op is Ops.BUFFER:
@@ -597,34 +587,6 @@ def pretty(u: UOp, max_depth: int = 8) -> str:
         inner = ",\n".join("  " * (depth + 1) + go(s, depth + 1) for s in n.src)
         return head + ", src=(\n" + inner + "))"
     return go(u, 0)
-
-
-def ssimplify(x: Any) -> Any:
-    """An int stays an int; a constant UOp becomes its int; anything else is returned as is."""
-    if isinstance(x, UOp) and x.op is Ops.CONST:
-        return x.arg
-    return x
-
-
-def resolve(x: Any, default: bool = True) -> bool:
-    """Decide a possibly symbolic boolean by its bounds; `default` when the bounds cannot tell."""
-    if isinstance(x, UOp):
-        lo, hi = x.vmin, x.vmax
-        if lo == hi:
-            return bool(lo)
-        return default
-    return bool(x)
-
-
-def smax(*xs: Any) -> Any:
-    out = xs[0]
-    for x in xs[1:]:
-        if isinstance(out, int) and isinstance(x, int):
-            out = max(out, x)
-        else:
-            o = out if isinstance(out, UOp) else UOp.const(dtypes.index, out)
-            out = o.maximum(x)
-    return out
 
 
 def sint_to_uop(x: Any) -> UOp:

@@ -102,7 +102,7 @@ class _Lowerer:
         opts = choose_opts(self.full_shape, out_axes, self.reduce_axes, [ld.src[1].arg for ld in loads],
                            self.out_st)
         # loop extent of each axis after upcasting
-        extent = [self.full_shape[i] // opts.upcast.get(i, 1) if i in opts.upcast else self.full_shape[i]
+        extent = [self.full_shape[i] // opts.upcast[i] if i in opts.upcast else self.full_shape[i]
                   for i in range(n)]
         ordered = opts.loop_order if opts.loop_order is not None else out_axes
         loop_axes = [i for i in ordered if not (isinstance(extent[i], int) and extent[i] == 1)]
@@ -110,10 +110,9 @@ class _Lowerer:
         inner_axes = loop_axes[opts.global_axes:]
         global_size = prod(extent[i] for i in global_axes)
         base: dict[int, UOp] = {i: _c(0) for i in range(n)}
-        start = UOp(Ops.SPECIAL, _IDX, (), ("start", global_size if isinstance(global_size, int)
-                                                 else int(global_size.vmax)))
-        end = UOp(Ops.SPECIAL, _IDX, (), ("end", global_size if isinstance(global_size, int)
-                                               else int(global_size.vmax)))
+        most = global_size if isinstance(global_size, int) else int(global_size.vmax)
+        start = UOp(Ops.SPECIAL, _IDX, (), ("start", most))
+        end = UOp(Ops.SPECIAL, _IDX, (), ("end", most))
         g = self._range(start, end, "global")
         stride: Any = 1
         for i in reversed(global_axes):

@@ -11,9 +11,10 @@ Heuristics, each with the reason it pays on a CPU:
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from rawgrad import config
 
 # Register tile (rows x columns of accumulators) per SIMD width. Measured on a 2-core AVX-512 EPYC with
 # float32 matmul (docs/benchmarks.md): 8x32 (16 zmm accumulators) reached 160 GFLOP/s at 2048, where
@@ -45,11 +46,6 @@ def host_vector_bits() -> int:
     return 128
 
 
-def _stride_of(st: Any, axis: int) -> Any:
-    strides = st.real_strides()
-    return strides[axis] if strides is not None and axis < len(strides) else None
-
-
 def _largest_divisor(dim: Any, choices: tuple[int, ...]) -> int | None:
     if not isinstance(dim, int):
         return None
@@ -62,18 +58,20 @@ def _largest_divisor(dim: Any, choices: tuple[int, ...]) -> int | None:
 def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: tuple[int, ...],
                 load_sts: list[Any], out_st: Any) -> KernelOpts:
     opts = KernelOpts()
-    if os.environ.get("NOOPT", "") not in ("", "0"):
+    if config.NOOPT():
         return opts
     if reduce_axes and len(load_sts) >= 2:
-        full_sts = [st for st in load_sts if tuple(st.shape) == tuple(full_shape)]
+        # per-axis buffer stride of every input read over the full loop space (None: not linear)
+        strides = [st.real_strides() for st in load_sts if tuple(st.shape) == tuple(full_shape)]
         contig_axis = tile_axis = None
-        for st in full_sts:
+        for k, mine in enumerate(strides):
+            others = strides[:k] + strides[k + 1:]
             for ax in reversed(out_axes):
-                if _stride_of(st, ax) == 1 and any(_stride_of(o, ax) == 0 for o in full_sts if o is not st):
+                if mine[ax] == 1 and any(o[ax] == 0 for o in others):
                     contig_axis = ax
                     # the tile's other axis: an output axis this input broadcasts (stride 0)
                     for ax2 in out_axes:
-                        if ax2 != ax and _stride_of(st, ax2) == 0:
+                        if ax2 != ax and mine[ax2] == 0:
                             tile_axis = ax2
                     break
             if contig_axis is not None:

@@ -12,22 +12,14 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from rawgrad.bench import median_time
+
 CHAIN_LENGTHS = (1, 10, 100, 1000)
 ELEMENTS = 16
-
-
-def _median(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _repeats(n: int) -> int:
@@ -47,7 +39,7 @@ def _numpy_per_op(n: int) -> float:
         y = x
         for _ in range(n):
             y = y + 1
-    return _median(run, _repeats(n)) / n
+    return median_time(run, _repeats(n), warmup=0) / n
 
 
 def _torch_per_op(n: int) -> float | None:
@@ -61,7 +53,7 @@ def _torch_per_op(n: int) -> float | None:
         y = x
         for _ in range(n):
             y = y + 1
-    return _median(run, _repeats(n)) / n
+    return median_time(run, _repeats(n), warmup=0) / n
 
 
 _UNAVAILABLE: dict[str, str] = {}
@@ -84,7 +76,7 @@ def _tinygrad_per_kernel(n: int) -> float | None:
         x = TgTensor.zeros(ELEMENTS).contiguous().realize()
         for _ in range(3):
             step(x).numpy()
-        return _median(lambda: step(x).numpy(), _repeats(n)) / n
+        return median_time(lambda: step(x).numpy(), _repeats(n), warmup=0) / n
     except Exception as e:  # installed but unusable here (e.g. no C compiler for its CPU device)
         _UNAVAILABLE["tinygrad"] = f"installed but failed to run: {type(e).__name__}: {e}"
         return None
@@ -109,7 +101,7 @@ def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS) -> list[dict[str, A
             _chain(x, n)
             dev.synchronize()
 
-        eager_s = _median(eager, reps) / n
+        eager_s = median_time(eager, reps, warmup=0) / n
         jitted: TinyJit[Any] = TinyJit(functools.partial(_chain, n=n))
         jitted(x), jitted(x)  # eager call, capture
         dev.synchronize()
@@ -118,7 +110,7 @@ def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS) -> list[dict[str, A
             jitted(x)
             dev.synchronize()
 
-        replay_s = _median(replay, reps) / n
+        replay_s = median_time(replay, reps, warmup=0) / n
         submits = []
         for _ in range(reps):
             dev.synchronize()

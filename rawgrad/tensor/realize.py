@@ -14,6 +14,12 @@ from typing import Any
 
 from rawgrad import config
 from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.lower import LinearProgram, lower
+from rawgrad.compiler.renderer.llvm import render_llvm
+from rawgrad.compiler.symbolic import sym_infer
+from rawgrad.hcq.device import Device
+from rawgrad.tensor.buffers import buffer_numpy, buffer_write, device_memory
+from rawgrad.tensor.schedule import ScheduleItem, create_schedule
 
 
 class GlobalCounters:
@@ -36,13 +42,12 @@ class CompiledKernel:
 
     name: str
     program: Any  # hcq Program
-    linear: Any  # LinearProgram
+    linear: LinearProgram
     source: str
 
     def launch(self, bufs: list[Any], var_vals: dict[UOp, int], wait: bool = False,
                profile: bool = False) -> float | None:
         """Run once; `profile` brackets the exec with device timestamps recorded by hcq.profile."""
-        from rawgrad.compiler.symbolic import sym_infer
         vals = tuple(var_vals[v] for v in self.linear.variables)
         gsize = (int(sym_infer(self.linear.global_size, var_vals)), 1, 1)
         if profile:
@@ -100,9 +105,6 @@ def _symbol_name(name: str) -> str:
 
 def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
     """Lower, render, compile and load `ast` for `device`, once per (ast, device)."""
-    from rawgrad.compiler.lower import lower
-    from rawgrad.compiler.renderer.llvm import render_llvm
-    from rawgrad.hcq.device import Device
     key = (ast, device)
     hit = _kernel_cache.get(key)
     if hit is not None:
@@ -119,8 +121,7 @@ def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
     return ck
 
 
-def run_schedule(items: list[Any]) -> None:
-    from rawgrad.tensor.buffers import buffer_numpy, buffer_write, device_memory
+def run_schedule(items: list[ScheduleItem]) -> None:
 
     debug = config.DEBUG()
     profile = config.PROFILE()
@@ -154,7 +155,6 @@ def realize(*uops: UOp) -> tuple[UOp, ...]:
     if config.REFERENCE():
         from rawgrad.tensor.interpret import interpret_realize
         return interpret_realize(*uops)
-    from rawgrad.tensor.schedule import create_schedule
     items, results = create_schedule(list(uops))
     run_schedule(items)
     return tuple(results)

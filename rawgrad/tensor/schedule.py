@@ -313,7 +313,6 @@ class _KernelBuilder:
                        and st.contiguous)
             if not fusable:
                 buf = s.realize_node(node)
-                s.realized[node] = buf
                 return self.load(buf, ShapeTracker.from_shape(self._shape(node.shape)) + st)
             self.reduce = node
             full = self._shape(node.src[0].shape)

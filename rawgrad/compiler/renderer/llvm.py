@@ -184,20 +184,27 @@ class _Emitter:
             index, val = st.src
             glob, idx = index.src
             assert glob.dtype is not None
-            ptr = self.address(glob, idx)
+            ptr = self.address(glob, self.value(idx))
             v = self.to_memory(self.value(val), glob.dtype)
             self.emit(f"store {mem_type(glob.dtype)} {v}, ptr {ptr}")
         else:
             raise NotImplementedError(f"LLVM renderer: unexpected statement {op}")
 
     # ------------------------------------------------------------------ memory helpers
-    def address(self, glob: UOp, idx: UOp) -> str:
+    def address(self, glob: UOp, index: str) -> str:
+        """Pointer to element `index` (an already rendered i64) of buffer `glob`."""
         assert glob.dtype is not None
-        base = self.value(glob)
-        i = self.value(idx)
-        ptr = self.tmp()
-        self.emit(f"{ptr} = getelementptr inbounds {mem_type(glob.dtype)}, ptr {base}, i64 {i}")
+        base, ptr = self.value(glob), self.tmp()
+        self.emit(f"{ptr} = getelementptr inbounds {mem_type(glob.dtype)}, ptr {base}, i64 {index}")
         return ptr
+
+    def bf16_to_float(self, bits: str) -> str:
+        """bfloat16 bits (i16) -> the float they are the top half of."""
+        wide, shifted, out = self.tmp(), self.tmp(), self.tmp()
+        self.emit(f"{wide} = zext i16 {bits} to i32")
+        self.emit(f"{shifted} = shl i32 {wide}, 16")
+        self.emit(f"{out} = bitcast i32 {shifted} to float")
+        return out
 
     def from_memory(self, raw: str, dt: DType) -> str:
         if dt == dtypes.bool:
@@ -205,11 +212,7 @@ class _Emitter:
             self.emit(f"{out} = icmp ne i8 {raw}, 0")
             return out
         if dt == dtypes.bfloat16:
-            wide, shifted, out = self.tmp(), self.tmp(), self.tmp()
-            self.emit(f"{wide} = zext i16 {raw} to i32")
-            self.emit(f"{shifted} = shl i32 {wide}, 16")
-            self.emit(f"{out} = bitcast i32 {shifted} to float")
-            return out
+            return self.bf16_to_float(raw)
         return raw
 
     def to_memory(self, v: str, dt: DType) -> str:
@@ -236,12 +239,7 @@ class _Emitter:
         return out
 
     def bf16_round(self, v: str) -> str:
-        bits = self.bf16_bits(v)
-        wide, shifted, out = self.tmp(), self.tmp(), self.tmp()
-        self.emit(f"{wide} = zext i16 {bits} to i32")
-        self.emit(f"{shifted} = shl i32 {wide}, 16")
-        self.emit(f"{out} = bitcast i32 {shifted} to float")
-        return out
+        return self.bf16_to_float(self.bf16_bits(v))
 
     # ------------------------------------------------------------------ expressions
     def value(self, u: UOp, reassoc: bool = False) -> str:
@@ -279,9 +277,7 @@ class _Emitter:
                 valid = self.value(u.src[1])
                 safe = self.tmp()
                 self.emit(f"{safe} = select i1 {valid}, i64 {self.value(idx)}, i64 0")
-                ptr = self.tmp()
-                base = self.value(glob)
-                self.emit(f"{ptr} = getelementptr inbounds {mem_type(dt)}, ptr {base}, i64 {safe}")
+                ptr = self.address(glob, safe)
                 raw = self.tmp()
                 self.emit(f"{raw} = load {mem_type(dt)}, ptr {ptr}")
                 loaded = self.from_memory(raw, dt)
@@ -289,7 +285,7 @@ class _Emitter:
                 self.emit(f"{out} = select i1 {valid}, {reg_type(dt)} {loaded}, {reg_type(dt)} "
                           f"{const_text(0, dt)}")
                 return out
-            ptr = self.address(glob, idx)
+            ptr = self.address(glob, self.value(idx))
             raw = self.tmp()
             self.emit(f"{raw} = load {mem_type(dt)}, ptr {ptr}")
             return self.from_memory(raw, dt)
@@ -335,12 +331,7 @@ class _Emitter:
         if src == dtypes.bfloat16:
             v, src = self.bf16_bits(v), dtypes.int16
         if dst == dtypes.bfloat16:
-            wide, shifted, out = self.tmp(), self.tmp(), self.tmp()
-            as16 = self.bitcast(v, src, dtypes.int16) if src != dtypes.int16 else v
-            self.emit(f"{wide} = zext i16 {as16} to i32")
-            self.emit(f"{shifted} = shl i32 {wide}, 16")
-            self.emit(f"{out} = bitcast i32 {shifted} to float")
-            return out
+            return self.bf16_to_float(self.bitcast(v, src, dtypes.int16) if src != dtypes.int16 else v)
         if reg_type(src) == reg_type(dst):
             return v
         out = self.tmp()
