@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rawgrad import config
+from rawgrad.compiler.renderer import Renderer
 from rawgrad.hcq.allocator import Allocator
 from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import HWQueue
@@ -26,10 +27,12 @@ class HCQDevice:
     submitted on the timeline signals it, so `synchronize` waits for `timeline_value - 1`.
     """
 
-    def __init__(self, name: str, allocator: Allocator, compiler: Any = None) -> None:
+    def __init__(self, name: str, allocator: Allocator, compiler: Any = None,
+                 renderer: Renderer | None = None) -> None:
         self.name = name
         self.allocator = allocator
         self.compiler = compiler
+        self.renderer = renderer
         self.timeline_signal: Signal = self.new_signal(0, name=f"{name} timeline")
         self.timeline_value: int = 1
         self._timing: tuple[Signal, Signal] | None = None

@@ -14,8 +14,7 @@ from typing import Any
 
 from rawgrad import config
 from rawgrad.compiler.ir import UOp
-from rawgrad.compiler.lower import LinearProgram, lower
-from rawgrad.compiler.renderer.llvm import render_llvm
+from rawgrad.compiler.lower import LinearProgram
 from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.hcq.device import Device
 from rawgrad.tensor.buffers import buffer_numpy, buffer_write, device_memory
@@ -110,8 +109,10 @@ def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
     if hit is not None:
         return hit
     dev = Device[device]
-    linear = lower(ast, _symbol_name(name))
-    src = render_llvm(linear)
+    if dev.renderer is None:
+        raise RuntimeError(f"device {device} has no renderer: it cannot run kernels")
+    linear = dev.renderer.lower(ast, _symbol_name(name))
+    src = dev.renderer.render(linear)
     if config.DEBUG() >= 4:
         print(src)
     lib = dev.compiler.compile(src)

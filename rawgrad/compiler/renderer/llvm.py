@@ -17,7 +17,7 @@ import struct
 from typing import Any
 
 from rawgrad.compiler.ir import Ops, UOp
-from rawgrad.compiler.lower import LinearProgram
+from rawgrad.compiler.lower import LinearProgram, lower
 from rawgrad.dtype import DType, dtypes
 
 # inline exp2 for float32: the clamp range (2**128 is inf, 2**-150 rounds to 0) and e**(f ln 2)'s Taylor
@@ -492,3 +492,15 @@ def render_llvm(prog: LinearProgram) -> str:
     meta = ('!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n'
             '!2 = distinct !{!2, !1, !3}\n!3 = !{!"llvm.loop.vectorize.enable", i1 false}\n')
     return text + meta
+
+
+class LLVMRenderer:
+    """The CPU's renderer: loops tiled for the host's SIMD width, printed as LLVM IR."""
+
+    language = "llvm"
+
+    def lower(self, ast: UOp, name: str) -> LinearProgram:
+        return lower(ast, name)
+
+    def render(self, prog: LinearProgram) -> str:
+        return render_llvm(prog)

@@ -15,6 +15,7 @@ import numpy as np
 
 from rawgrad import config
 from rawgrad.compiler import elf
+from rawgrad.compiler.renderer.llvm import LLVMRenderer
 from rawgrad.compiler.toolchain import host_compiler
 from rawgrad.drivers.cpu.hostos import HostOS
 from rawgrad.drivers.cpu.processor import DOORBELL_SYMBOL, THREAD_ENTRY_SYMBOL, processor_ir
@@ -253,7 +254,7 @@ class CPUDevice(HCQDevice):
         if ring_records < 2 or ring_records & (ring_records - 1):
             raise ValueError(f"ring_records must be a power of two >= 2, got {ring_records}")
         self.os = hostos if hostos is not None else HostOS()
-        super().__init__(name, CPUAllocator(self), host_compiler())
+        super().__init__(name, CPUAllocator(self), host_compiler(), LLVMRenderer())
         self.threads = _thread_count(threads)
         self.ring_records = ring_records
         self.ring_timeout_s = DEFAULT_TIMEOUT_S
