@@ -1,11 +1,16 @@
 """Finding the tensors of a model: walk its attributes, lists, tuples and dicts (any plain object tree)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from rawgrad.nn.safetensors import SafetensorsError, SafetensorsFile, safe_load, safe_metadata, safe_save
 from rawgrad.tensor.tensor import Tensor
+
+__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_load", "safe_save", "safe_metadata",
+           "SafetensorsFile", "SafetensorsError"]
 
 
 def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
@@ -45,22 +50,44 @@ def get_parameters(obj: Any) -> list[Tensor]:
     return list(get_state_dict(obj).values())
 
 
-def load_state_dict(obj: Any, state_dict: dict[str, Any], strict: bool = True) -> None:
-    """Copy values (Tensors or arrays) into obj's tensors by path; strict: the key sets must match."""
+def load_state_dict(obj: Any, state_dict: Mapping[str, Any], strict: bool = True,
+                    allow_cast: bool = False) -> None:
+    """Copy values (Tensors or arrays) into obj's tensors by path.
+
+    strict: the key sets must match. A value whose shape differs, or whose dtype differs (unless
+    `allow_cast`), is an error. Every problem is collected and reported in one exception, and
+    nothing is written unless all entries are valid.
+    """
     own = get_state_dict(obj)
+    problems: list[str] = []
     if strict:
         missing = sorted(set(own) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(own))
-        if missing or unexpected:
-            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-    changed = []
+        if missing:
+            problems.append(f"missing keys {_short_list(missing)}")
+        if unexpected:
+            problems.append(f"unexpected keys {_short_list(unexpected)}")
+    updates: list[tuple[Tensor, Tensor]] = []
     for name, t in own.items():
         if name not in state_dict:
             continue
         v = state_dict[name]
         v = v if isinstance(v, Tensor) else Tensor(np.asarray(v), device=t.device)
         if tuple(v.shape) != tuple(t.shape):
-            raise ValueError(f"load_state_dict: {name} has shape {t.shape}, the value has {v.shape}")
-        changed.append(t.assign(v.to(t.device).cast(t.dtype)))
+            problems.append(f"{name}: model has shape {tuple(t.shape)}, the value has {tuple(v.shape)}")
+        elif v.dtype != t.dtype and not allow_cast:
+            problems.append(f"{name}: model has dtype {t.dtype}, the value has {v.dtype} "
+                            "(pass allow_cast=True to convert)")
+        else:
+            updates.append((t, v))
+    if problems:
+        kind = KeyError if all("keys" in p for p in problems) else ValueError
+        raise kind("load_state_dict: " + "; ".join(problems))
+    changed = [t.assign(v.to(t.device).cast(t.dtype)) for t, v in updates]
     if changed:
         Tensor.realize(*changed)
+
+
+def _short_list(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return f"[{shown}{f', ... ({len(names) - limit} more)' if len(names) > limit else ''}]"
