@@ -1,0 +1,696 @@
+"""Render a linear program (compiler/lower.py) as PTX text for NVIDIA GPUs (sm_80 and newer).
+
+Calling convention (the NV device fills the parameter buffer, constant bank 0, against it):
+    .visible .entry <name>(.param .u64 <name>_param_0, ..., .param .s64 <name>_param_<k>, ...)
+One `.param .u64` per buffer of `prog.globals` in slot order (its global address), then one
+`.param .s64` per entry of `prog.variables` in order. Variables are 64-bit because rawgrad's Variables
+are `dtypes.index` (int64) and every index expression over them is 64-bit; a 32-bit parameter would only
+save bytes and cost a conversion per use. `param_layout(prog)` gives each parameter's name, byte offset
+and size (natural alignment, offsets from 0: every parameter is 8 bytes, so parameter k is at 8 * k).
+
+Thread mapping: one thread per global index, `gidx = ctaid.x * ntid.x + tid.x`; threads with
+`gidx >= global_size` do nothing. `global_size` may be symbolic: the kernel computes it from the
+Variable parameters. Launch with `launch_dims(global_size)` (blocks of `THREADS_PER_BLOCK`).
+Lowering is `lower(..., target="gpu")`: no register tiles, every output axis in the global index.
+
+Registers: bool is a predicate (`.pred`) and a byte (0/1) in memory; integers of up to 32 bits live in
+`.b32` registers, sign- or zero-extended from their width after every operation that can wrap
+(`cvt.s8.s32` etc.), so compares, shifts and divisions see the value of the narrow type; 64-bit integers
+in `.b64`. float16 and bfloat16 are loaded, converted to float32 for math, and rounded back to their
+type after every operation (as the LLVM renderer does for bfloat16), float64 is native.
+
+Precision of the math instructions (the PTX ISA's bounds for the approximate forms):
+- EXP2: `ex2.approx.f32` (max relative error about 2**-22 on hardware; not exactly rounded);
+- LOG2: `lg2.approx.f32` (max absolute error about 2**-22 for the mantissa);
+- SIN: `sin.approx.f32` (max absolute error about 2**-21 in [-100 pi, 100 pi], worse outside);
+- SQRT `sqrt.rn`, RECIP `rcp.rn`, FDIV `div.rn`: IEEE round-to-nearest, exact like the CPU;
+- float64 EXP2/LOG2/SIN and all float POW go through the float32 approximations: about 1e-7
+  relative error, not float64 precision; POW is exp2(y * log2|x|) with the sign and special cases of
+  C's pow (x < 0 with a non-integer y is NaN, y == 0 or x == 1 gives 1).
+Integer division by zero gives 0 and INT_MIN / -1 wraps (guarded, as the LLVM renderer does).
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.lower import LinearProgram, lower
+from rawgrad.dtype import DType, dtypes
+
+PTX_VERSION = "7.8"  # PTX ISA 7.8 (CUDA 11.8): the first with sm_90
+DEFAULT_ARCH = "sm_90"  # Hopper (H100/H200)
+ADDRESS_SIZE = 64
+THREADS_PER_BLOCK = 128  # a multiple of the 32-thread warp; small enough for any register budget
+PARAM_SIZE = 8  # every parameter is a .u64 pointer or an .s64 Variable value
+MAX_GRID_X = 2 ** 31 - 1  # the x dimension of a grid (CUDA programming guide, compute capability >= 3.0)
+
+# register classes: (PTX register type, name prefix)
+_CLASSES = {"pred": (".pred", "%p"), "b16": (".b16", "%h"), "b32": (".b32", "%r"), "b64": (".b64", "%rd"),
+            "f32": (".f32", "%f"), "f64": (".f64", "%fd")}
+
+
+def launch_dims(global_size: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) covering `global_size` threads; at least one block, since a launch needs one."""
+    if global_size < 0:
+        raise ValueError(f"global size must be >= 0, got {global_size}")
+    blocks = max(1, -(-global_size // THREADS_PER_BLOCK))
+    if blocks > MAX_GRID_X:
+        raise ValueError(f"global size {global_size} needs {blocks} blocks, more than a grid holds")
+    return (blocks, 1, 1), (THREADS_PER_BLOCK, 1, 1)
+
+
+def param_name(prog: LinearProgram, k: int) -> str:
+    return f"{prog.name}_param_{k}"
+
+
+def param_layout(prog: LinearProgram) -> list[tuple[str, int, int]]:
+    """(name, byte offset, size) of every kernel parameter, in declaration order."""
+    count = len(prog.globals) + len(prog.variables)
+    return [(param_name(prog, k), k * PARAM_SIZE, PARAM_SIZE) for k in range(count)]
+
+
+# ---------------------------------------------------------------------- dtype tables
+def reg_class(dt: DType) -> str:
+    """Which register class holds a value of `dt` (see the module docstring)."""
+    if dt.is_bool:
+        return "pred"
+    if dt.is_int:
+        return "b64" if dt.itemsize == 8 else "b32"
+    return "f64" if dt == dtypes.float64 else "f32"
+
+
+def op_type(dt: DType) -> str:
+    """The instruction type suffix for arithmetic on values of `dt` held in registers."""
+    if dt.is_bool:
+        return "pred"
+    if dt.is_int:
+        return ("u" if dt.is_unsigned else "s") + ("64" if dt.itemsize == 8 else "32")
+    return "f64" if dt == dtypes.float64 else "f32"
+
+
+def _narrow_type(dt: DType) -> str | None:
+    """The cvt type that re-extends an 8/16-bit integer held in a 32-bit register; None if not narrow."""
+    if dt.is_int and dt.itemsize < 4:
+        return ("u" if dt.is_unsigned else "s") + str(dt.itemsize * 8)
+    return None
+
+
+def _mem_type(dt: DType) -> str:
+    """The ld/st type of an element of `dt` in memory."""
+    if dt.is_bool:
+        return "u8"
+    if dt.is_int:
+        return ("u" if dt.is_unsigned else "s") + str(dt.itemsize * 8)
+    if dt in (dtypes.float16, dtypes.bfloat16):
+        return "b16"
+    return "f64" if dt == dtypes.float64 else "f32"
+
+
+def _raw_class(dt: DType) -> str:
+    """Register class a load of `dt` lands in before conversion to its register form."""
+    if dt.is_bool or dt == dtypes.bfloat16:
+        return "b32"
+    if dt == dtypes.float16:
+        return "b16"
+    return reg_class(dt)
+
+
+def float_imm(v: float, dt: DType) -> str:
+    """A PTX float immediate: 0f + 8 hex digits (f32) or 0d + 16 (f64), bit-exact, NaN and inf included."""
+    if dt == dtypes.float64:
+        return "0d" + struct.pack(">d", float(v)).hex().upper()
+    return "0f" + np.array([v], dtype=np.float32).view(np.uint32)[0].item().to_bytes(4, "big").hex().upper()
+
+
+def _int_imm(v: Any, dt: DType) -> str:
+    bits = dt.itemsize * 8
+    val = int(v) & ((1 << bits) - 1)
+    if not dt.is_unsigned and val >= 1 << (bits - 1):
+        val -= 1 << bits
+    return str(val)
+
+
+class _Emitter:
+    def __init__(self, prog: LinearProgram, arch: str):
+        self.prog = prog
+        self.arch = arch
+        self.body: list[str] = []
+        self.consts: list[str] = []  # constant materializations, hoisted to the kernel's prologue
+        self.const_regs: dict[tuple[str, str], str] = {}
+        self.counts = {c: 0 for c in _CLASSES}
+        self.labels = 0
+        # one scope per open loop; a value is emitted in the outermost scope it can live in (loop-invariant
+        # code is hoisted): marks[k] is where code of scope k goes while deeper loops are open
+        self.scopes: list[dict[UOp, str]] = [{}]
+        self.marks: list[int] = []
+        self.level_of: dict[UOp, int] = {}
+        self.emit_level = 0
+        self.loops: dict[UOp, tuple[str, str, str]] = {}  # RANGE -> (counter, head label, exit label)
+        self.acc_regs: dict[UOp, str] = {}
+        self.exit_label = self.label("exit")
+
+    # ------------------------------------------------------------------ helpers
+    def reg(self, cls: str) -> str:
+        n = self.counts[cls]
+        self.counts[cls] = n + 1
+        return f"{_CLASSES[cls][1]}{n}"
+
+    def label(self, stem: str) -> str:
+        self.labels += 1
+        return f"$L_{stem}_{self.labels}"
+
+    def ins(self, text: str) -> None:
+        self.put("\t" + text + ";")
+
+    def put_label(self, name: str) -> None:
+        self.put(name + ":")
+
+    def put(self, line: str) -> None:
+        level = self.emit_level
+        if level >= len(self.marks):
+            self.body.append(line)
+            return
+        self.body.insert(self.marks[level], line)
+        for j in range(level, len(self.marks)):
+            self.marks[j] += 1
+
+    def open_scope(self) -> None:
+        self.marks.append(len(self.body))
+        self.scopes.append({})
+        self.emit_level = len(self.marks)
+
+    def close_scope(self) -> None:
+        for u in self.scopes.pop():
+            self.level_of.pop(u, None)
+        self.marks.pop()
+        self.emit_level = len(self.marks)
+
+    def op(self, cls: str, text: str) -> str:
+        """Emit `text` (an instruction whose destination is written as {d}) into a new register."""
+        d = self.reg(cls)
+        self.ins(text.format(d=d))
+        return d
+
+    def const(self, v: Any, dt: DType) -> str:
+        """A register holding constant `v` of `dt` (materialized once, in the prologue)."""
+        cls = reg_class(dt)
+        if dt.is_bool:
+            text = "1" if v else "0"
+        elif dt.is_int:
+            text = _int_imm(v, dt)
+        else:
+            text = float_imm(float(v), dt)
+        key = (cls, text if not dt.is_int else f"{op_type(dt)}:{text}")
+        hit = self.const_regs.get(key)
+        if hit is not None:
+            return hit
+        r = self.reg(cls)
+        self.consts.append(f"\tmov.{op_type(dt)} {r}, {text};")
+        self.const_regs[key] = r
+        return r
+
+    def lookup(self, u: UOp) -> str | None:
+        for scope in reversed(self.scopes):
+            if u in scope:
+                return scope[u]
+        return None
+
+    # ------------------------------------------------------------------ kernel
+    def render(self) -> str:
+        p = self.prog
+        params = [f"\t.param .u64 {param_name(p, g.arg)}" for g in p.globals]
+        if [g.arg for g in p.globals] != list(range(len(p.globals))):
+            raise ValueError(f"{p.name}: buffer slots must be 0..n-1, got {[g.arg for g in p.globals]}")
+        params += [f"\t.param .s64 {param_name(p, len(p.globals) + k)}" for k in range(len(p.variables))]
+        for g in p.globals:
+            raw = self.op("b64", f"ld.param.u64 {{d}}, [{param_name(p, g.arg)}]")
+            self.scopes[0][g] = self.op("b64", f"cvta.to.global.u64 {{d}}, {raw}")
+        for k, v in enumerate(p.variables):
+            self.scopes[0][v] = self.op("b64", f"ld.param.s64 {{d}}, [{param_name(p, len(p.globals) + k)}]")
+        prologue_end = len(self.body)
+        for st in p.statements:
+            self.statement(st)
+        self.put_label(self.exit_label)
+        self.ins("ret")
+        decls = [f"\t.reg {_CLASSES[c][0]} {_CLASSES[c][1]}<{n}>;" for c, n in self.counts.items() if n]
+        body = self.body[:prologue_end] + self.consts + self.body[prologue_end:]
+        head = [f".version {PTX_VERSION}", f".target {self.arch}", f".address_size {ADDRESS_SIZE}", "",
+                f".visible .entry {p.name}(", ",\n".join(params), ")",
+                f".maxntid {THREADS_PER_BLOCK}, 1, 1", "{"]
+        return "\n".join(head + decls + [""] + body + ["}", ""])
+
+    # ------------------------------------------------------------------ statements
+    def statement(self, st: UOp) -> None:
+        op = st.op
+        if op is Ops.RANGE and st.arg[1] == "global":
+            self.global_index(st)
+        elif op is Ops.RANGE:
+            start, end = self.value(st.src[0]), self.value(st.src[1])
+            ctr = self.reg("b64")
+            head, exit_ = self.label("loop"), self.label("end")
+            self.open_scope()
+            self.ins(f"mov.b64 {ctr}, {start}")
+            self.put_label(head)
+            done = self.op("pred", f"setp.ge.s64 {{d}}, {ctr}, {end}")
+            self.ins(f"@{done} bra {exit_}")
+            self.loops[st] = (ctr, head, exit_)
+            self.scopes[-1][st] = ctr
+            self.level_of[st] = self.emit_level
+        elif op is Ops.ENDRANGE:
+            r = st.src[0]
+            if r.arg[1] == "global":
+                return  # the guard at the top already sent surplus threads to the exit
+            ctr, head, exit_ = self.loops[r]
+            self.ins(f"add.s64 {ctr}, {ctr}, {self.const(1, dtypes.int64)}")
+            self.ins(f"bra.uni {head}")
+            self.put_label(exit_)
+            self.close_scope()
+        elif op is Ops.DEFINE_ACC:
+            assert st.dtype is not None
+            acc = self.reg(reg_class(st.dtype))
+            self.ins(f"mov.{op_type(st.dtype)} {acc}, {self.value(st.src[0])}")
+            self.acc_regs[st] = acc
+        elif op is Ops.ACC_UPDATE:
+            target, val = st.src
+            self.ins(f"mov.{op_type(target.dt)} {self.acc_regs[target]}, {self.value(val)}")
+        elif op is Ops.STORE:
+            index, val = st.src
+            glob = index.src[0]
+            assert glob.dtype is not None
+            addr = self.address(index)
+            stored = self.to_memory(self.value(val), glob.dtype)
+            self.ins(f"st.global.{_mem_type(glob.dtype)} [{addr}], {stored}")
+        else:
+            raise NotImplementedError(f"PTX renderer: unexpected statement {op}")
+
+    def global_index(self, st: UOp) -> None:
+        """gidx = ctaid.x * ntid.x + tid.x; threads past the global size jump to the exit."""
+        block = self.op("b32", "mov.u32 {d}, %ctaid.x")
+        width = self.op("b32", "mov.u32 {d}, %ntid.x")
+        lane = self.op("b32", "mov.u32 {d}, %tid.x")
+        wide = self.op("b64", f"mul.wide.u32 {{d}}, {block}, {width}")
+        lane64 = self.op("b64", f"cvt.u64.u32 {{d}}, {lane}")
+        gidx = self.op("b64", f"add.s64 {{d}}, {wide}, {lane64}")
+        size = self.prog.global_size
+        limit = self.value(size) if isinstance(size, UOp) else self.const(int(size), dtypes.int64)
+        out = self.op("pred", f"setp.ge.s64 {{d}}, {gidx}, {limit}")
+        self.ins(f"@{out} bra {self.exit_label}")
+        self.scopes[0][st] = gidx
+        self.level_of[st] = 0
+
+    # ------------------------------------------------------------------ memory
+    def address(self, index: UOp) -> str:
+        glob, idx = index.src
+        assert glob.dtype is not None and idx.dtype is not None
+        i = self.value(idx)
+        if reg_class(idx.dtype) != "b64":
+            i = self.cast(i, idx.dtype, dtypes.int64)
+        size = self.const(glob.dtype.itemsize, dtypes.int64)
+        return self.op("b64", f"mad.lo.s64 {{d}}, {i}, {size}, {self.value(glob)}")
+
+    def from_memory(self, raw: str, dt: DType) -> str:
+        if dt.is_bool:
+            return self.op("pred", f"setp.ne.u32 {{d}}, {raw}, {self.const(0, dtypes.uint32)}")
+        if dt == dtypes.bfloat16:
+            return self.bf16_bits_to_f32(raw)
+        if dt == dtypes.float16:
+            return self.op("f32", f"cvt.f32.f16 {{d}}, {raw}")
+        return raw
+
+    def to_memory(self, v: str, dt: DType) -> str:
+        if dt.is_bool:
+            one, zero = self.const(1, dtypes.uint32), self.const(0, dtypes.uint32)
+            return self.op("b32", f"selp.u32 {{d}}, {one}, {zero}, {v}")
+        if dt == dtypes.bfloat16:
+            return self.op("b16", f"cvt.rn.bf16.f32 {{d}}, {v}")
+        if dt == dtypes.float16:
+            return self.op("b16", f"cvt.rn.f16.f32 {{d}}, {v}")
+        return v
+
+    def bf16_bits_to_f32(self, bits: str) -> str:
+        """bfloat16 bits (zero-extended in a .b32 or a .b16 register) -> the float32 they are the top of."""
+        if bits.startswith("%h"):
+            bits = self.op("b32", f"cvt.u32.u16 {{d}}, {bits}")
+        shifted = self.op("b32", f"shl.b32 {{d}}, {bits}, 16")
+        return self.op("f32", f"mov.b32 {{d}}, {shifted}")
+
+    def load(self, u: UOp) -> str:
+        assert u.dtype is not None
+        dt = u.dtype
+        addr = self.address(u.src[0])
+        raw = self.reg(_raw_class(dt))
+        mt = _mem_type(dt)
+        if len(u.src) == 2:
+            # masked: the address may be outside the buffer, so only lanes whose mask holds load
+            valid = self.value(u.src[1])
+            cls = _raw_class(dt)
+            zero = "0" if cls[0] != "f" else float_imm(0.0, dtypes.float64 if cls == "f64" else dt)
+            self.ins(f"mov.{cls} {raw}, {zero}")
+            self.ins(f"@{valid} ld.global.{mt} {raw}, [{addr}]")
+        else:
+            self.ins(f"ld.global.{mt} {raw}, [{addr}]")
+        return self.from_memory(raw, dt)
+
+    # ------------------------------------------------------------------ expressions
+    def value(self, u: UOp) -> str:
+        hit = self.lookup(u)
+        if hit is not None:
+            return hit
+        if u.op is Ops.CONST:
+            assert u.dtype is not None
+            return self.const(u.arg, u.dtype)
+        deepest = len(self.marks)
+        if u.op is Ops.LOAD or not u.src:
+            # memory and accumulator reads stay where they are: a loop that runs zero times must not
+            # read, and an accumulator changes inside its loop
+            level = deepest
+        else:
+            for s in u.src:
+                self.value(s)
+            level = max((self.level_of.get(s, 0) for s in u.src), default=0)
+        saved, self.emit_level = self.emit_level, level
+        try:
+            out = self._value(u)
+        finally:
+            self.emit_level = saved
+        self.scopes[level][u] = out
+        self.level_of[u] = level
+        return out
+
+    def _value(self, u: UOp) -> str:
+        op, dt = u.op, u.dtype
+        if op is Ops.LOAD:
+            if u.src[0].op is Ops.DEFINE_ACC:
+                return self.acc_regs[u.src[0]]
+            return self.load(u)
+        if op is Ops.SPECIAL:
+            raise NotImplementedError(f"PTX renderer: SPECIAL {u.arg} outside the global range")
+        if op is Ops.CAST:
+            return self.cast(self.value(u.src[0]), u.src[0].dt, u.dt)
+        if op is Ops.BITCAST:
+            return self.bitcast(self.value(u.src[0]), u.src[0].dt, u.dt)
+        assert dt is not None
+        return self.alu(op, dt, u.src, [self.value(s) for s in u.src])
+
+    # ------------------------------------------------------------------ rounding to narrow types
+    def fix(self, v: str, dt: DType) -> str:
+        """Bring a raw 32-bit result back to `dt`: re-extend narrow ints, round float16/bfloat16."""
+        narrow = _narrow_type(dt)
+        if narrow is not None:
+            return self.op("b32", f"cvt.{narrow}.{op_type(dt)} {{d}}, {v}")
+        if dt == dtypes.float16:
+            h = self.op("b16", f"cvt.rn.f16.f32 {{d}}, {v}")
+            return self.op("f32", f"cvt.f32.f16 {{d}}, {h}")
+        if dt == dtypes.bfloat16:
+            return self.bf16_bits_to_f32(self.op("b16", f"cvt.rn.bf16.f32 {{d}}, {v}"))
+        return v
+
+    # ------------------------------------------------------------------ conversions
+    def cast(self, v: str, src: DType, dst: DType) -> str:
+        if src == dst:
+            return v
+        sc, dc = reg_class(src), reg_class(dst)
+        if dst.is_bool:
+            zero = self.const(0, src)
+            cmp = "neu" if src.is_float else "ne"  # NaN is truthy, as `x != 0` is
+            return self.op("pred", f"setp.{cmp}.{op_type(src)} {{d}}, {v}, {zero}")
+        if src.is_bool:
+            one, zero = self.const(1, dst), self.const(0, dst)
+            return self.op(dc, f"selp.{op_type(dst)} {{d}}, {one}, {zero}, {v}")
+        if src.is_int and dst.is_int:
+            if _narrow_type(dst) is not None:
+                return self.op("b32", f"cvt.{_narrow_type(dst)}.{op_type(src)} {{d}}, {v}")
+            if sc == dc:
+                return v  # same bits: the source was already extended from its width as C converts
+            return self.op(dc, f"cvt.{op_type(dst)}.{op_type(src)} {{d}}, {v}")
+        if src.is_float and dst.is_int:
+            # truncation toward zero, as C; out-of-range values saturate (undefined in C)
+            dtype_name = _narrow_type(dst) or op_type(dst)
+            return self.op(dc, f"cvt.rzi.{dtype_name}.{op_type(src)} {{d}}, {v}")
+        if src.is_int and dst.is_float:
+            if dst == dtypes.float16:
+                h = self.op("b16", f"cvt.rn.f16.{op_type(src)} {{d}}, {v}")
+                return self.op("f32", f"cvt.f32.f16 {{d}}, {h}")
+            out = self.op(dc, f"cvt.rn.{op_type(dst)}.{op_type(src)} {{d}}, {v}")
+            return self.fix(out, dst)
+        # float -> float
+        if sc == dc:
+            return self.fix(v, dst)  # f16/bf16/f32 share .f32 registers: round to the narrower type
+        if dst == dtypes.float16 and src == dtypes.float64:
+            h = self.op("b16", f"cvt.rn.f16.f64 {{d}}, {v}")  # one rounding, not two through float32
+            return self.op("f32", f"cvt.f32.f16 {{d}}, {h}")
+        rnd = "rn." if dc == "f32" else ""
+        out = self.op(dc, f"cvt.{rnd}{op_type(dst)}.{op_type(src)} {{d}}, {v}")
+        return self.fix(out, dst)
+
+    def bitcast(self, v: str, src: DType, dst: DType) -> str:
+        if src.itemsize != dst.itemsize:
+            raise ValueError(f"bitcast needs equal sizes: {src} -> {dst}")
+        # to the integer bits
+        if src in (dtypes.float16, dtypes.bfloat16):
+            kind = "f16" if src == dtypes.float16 else "bf16"
+            h = self.op("b16", f"cvt.rn.{kind}.f32 {{d}}, {v}")
+            bits = self.op("b32", f"cvt.u32.u16 {{d}}, {h}")
+        elif src.is_float:
+            bits = self.op("b32" if src.itemsize == 4 else "b64", f"mov.b{src.itemsize * 8} {{d}}, {v}")
+        elif src.is_bool:
+            bits = self.cast(v, src, dtypes.uint8)
+        else:
+            bits = v
+        # from the integer bits
+        if dst == dtypes.float16:
+            h = self.op("b16", f"cvt.u16.u32 {{d}}, {bits}")
+            return self.op("f32", f"cvt.f32.f16 {{d}}, {h}")
+        if dst == dtypes.bfloat16:
+            return self.bf16_bits_to_f32(bits)  # the shift drops the sign extension of an int16
+        if dst.is_float:
+            return self.op(reg_class(dst), f"mov.b{dst.itemsize * 8} {{d}}, {bits}")
+        if dst.is_bool:
+            return self.op("pred", f"setp.ne.u32 {{d}}, {bits}, {self.const(0, dtypes.uint32)}")
+        narrow = _narrow_type(dst)
+        return self.op("b32", f"cvt.{narrow}.u32 {{d}}, {bits}") if narrow is not None else bits
+
+    # ------------------------------------------------------------------ ALU
+    def alu(self, op: Ops, dt: DType, srcs: tuple[UOp, ...], s: list[str]) -> str:
+        sdt = srcs[0].dt
+        t = op_type(sdt)
+        cls = reg_class(dt)
+        if op is Ops.WHERE:
+            if dt.is_bool:
+                yes = self.op("pred", f"and.pred {{d}}, {s[0]}, {s[1]}")
+                notc = self.op("pred", f"not.pred {{d}}, {s[0]}")
+                no = self.op("pred", f"and.pred {{d}}, {notc}, {s[2]}")
+                return self.op("pred", f"or.pred {{d}}, {yes}, {no}")
+            return self.op(cls, f"selp.{op_type(dt)} {{d}}, {s[1]}, {s[2]}, {s[0]}")
+        if sdt.is_bool:
+            return self.bool_alu(op, s)
+        if op is Ops.MULACC:
+            text = "fma.rn" if sdt.is_float else "mad.lo"
+            return self.fix(self.op(cls, f"{text}.{t} {{d}}, {s[0]}, {s[1]}, {s[2]}"), dt)
+        if op is Ops.NEG:
+            return self.fix(self.op(cls, f"neg.{t if sdt.is_float else 's' + t[1:]} {{d}}, {s[0]}"), dt)
+        if op is Ops.NOT:
+            if sdt.is_float:
+                raise NotImplementedError(f"PTX renderer: NOT on {sdt}")
+            return self.fix(self.op(cls, f"not.b{t[1:]} {{d}}, {s[0]}"), dt)
+        if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC):
+            if not sdt.is_float:
+                raise NotImplementedError(f"PTX renderer: {op} on {sdt}")
+            return self.fix(self.float_unary(op, sdt, s[0]), dt)
+        if op is Ops.POW:
+            powed = self.float_pow(sdt, s[0], s[1]) if sdt.is_float else self.int_pow(sdt, s[0], s[1])
+            return self.fix(powed, dt)
+        if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
+            if sdt.is_float:
+                cmp = {Ops.CMPLT: "lt", Ops.CMPNE: "neu", Ops.CMPEQ: "eq"}[op]  # NaN != x holds, as in C
+            else:
+                cmp = {Ops.CMPLT: "lt", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}[op]
+            return self.op("pred", f"setp.{cmp}.{t} {{d}}, {s[0]}, {s[1]}")
+        if op is Ops.MAX:
+            if t == "f32":
+                # .NaN: a NaN input wins, as in the LLVM renderer's llvm.maximum
+                return self.fix(self.op(cls, f"max.NaN.f32 {{d}}, {s[0]}, {s[1]}"), dt)
+            if t == "f64":  # max.NaN has no f64 form: pick a NaN (a + b) where either input is one
+                m = self.op(cls, f"max.f64 {{d}}, {s[0]}, {s[1]}")
+                nan = self.op("pred", f"setp.nan.f64 {{d}}, {s[0]}, {s[1]}")
+                both = self.op(cls, f"add.f64 {{d}}, {s[0]}, {s[1]}")
+                return self.op(cls, f"selp.f64 {{d}}, {both}, {m}, {nan}")
+            return self.op(cls, f"max.{t} {{d}}, {s[0]}, {s[1]}")
+        if op in (Ops.IDIV, Ops.MOD):
+            if sdt.is_float:
+                return self.fix(self.float_div_mod(op, t, s[0], s[1]), dt)
+            return self.fix(self.int_div(op, sdt, srcs[1], s[0], s[1]), dt)
+        if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV) and sdt.is_float:
+            name = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul", Ops.FDIV: "div.rn"}[op]
+            return self.fix(self.op(cls, f"{name}.{t} {{d}}, {s[0]}, {s[1]}"), dt)
+        if op in (Ops.ADD, Ops.SUB, Ops.MUL):
+            name = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul.lo"}[op]
+            return self.fix(self.op(cls, f"{name}.{t} {{d}}, {s[0]}, {s[1]}"), dt)
+        if op in (Ops.AND, Ops.OR, Ops.XOR):
+            name = {Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
+            return self.op(cls, f"{name}.b{t[1:]} {{d}}, {s[0]}, {s[1]}")
+        if op in (Ops.SHL, Ops.SHR) and sdt.is_int:
+            # the amount is converted to the shifted type first (interpret.py), then read as .u32
+            amount = self.cast(s[1], srcs[1].dt, sdt)
+            if reg_class(sdt) == "b64":
+                amount = self.op("b32", f"cvt.u32.u64 {{d}}, {amount}")
+            if op is Ops.SHL:
+                return self.fix(self.op(cls, f"shl.b{t[1:]} {{d}}, {s[0]}, {amount}"), dt)
+            return self.op(cls, f"shr.{t} {{d}}, {s[0]}, {amount}")
+        raise NotImplementedError(f"PTX renderer: {op} on {sdt}")
+
+    def bool_alu(self, op: Ops, s: list[str]) -> str:
+        # bool arithmetic saturates like torch's: + is or, * is and, - is xor; max is or
+        simple = {Ops.ADD: "or", Ops.OR: "or", Ops.MAX: "or", Ops.MUL: "and", Ops.AND: "and",
+                  Ops.SUB: "xor", Ops.XOR: "xor", Ops.CMPNE: "xor"}
+        if op in simple:
+            return self.op("pred", f"{simple[op]}.pred {{d}}, {s[0]}, {s[1]}")
+        if op is Ops.NOT:
+            return self.op("pred", f"not.pred {{d}}, {s[0]}")
+        if op is Ops.CMPEQ:
+            ne = self.op("pred", f"xor.pred {{d}}, {s[0]}, {s[1]}")
+            return self.op("pred", f"not.pred {{d}}, {ne}")
+        if op is Ops.CMPLT:  # false < true only
+            na = self.op("pred", f"not.pred {{d}}, {s[0]}")
+            return self.op("pred", f"and.pred {{d}}, {na}, {s[1]}")
+        if op is Ops.MULACC:
+            m = self.op("pred", f"and.pred {{d}}, {s[0]}, {s[1]}")
+            return self.op("pred", f"or.pred {{d}}, {m}, {s[2]}")
+        raise NotImplementedError(f"PTX renderer: {op} on bool")
+
+    def float_unary(self, op: Ops, sdt: DType, x: str) -> str:
+        t = op_type(sdt)
+        cls = reg_class(sdt)
+        if op is Ops.SQRT:
+            return self.op(cls, f"sqrt.rn.{t} {{d}}, {x}")
+        if op is Ops.RECIP:
+            return self.op(cls, f"rcp.rn.{t} {{d}}, {x}")
+        if op is Ops.TRUNC:
+            return self.op(cls, f"cvt.rzi.{t}.{t} {{d}}, {x}")
+        name = {Ops.EXP2: "ex2", Ops.LOG2: "lg2", Ops.SIN: "sin"}[op]
+        if t == "f32":
+            return self.op(cls, f"{name}.approx.f32 {{d}}, {x}")
+        # float64: PTX has these only for f32 (precision: module docstring)
+        narrow = self.op("f32", f"cvt.rn.f32.f64 {{d}}, {x}")
+        r = self.op("f32", f"{name}.approx.f32 {{d}}, {narrow}")
+        return self.op("f64", f"cvt.f64.f32 {{d}}, {r}")
+
+    def float_pow(self, sdt: DType, x: str, y: str) -> str:
+        """C's pow through exp2(y * log2|x|), with its sign and special cases (module docstring)."""
+        f32 = dtypes.float32
+        if op_type(sdt) == "f64":
+            x, y = (self.op("f32", f"cvt.rn.f32.f64 {{d}}, {v}") for v in (x, y))
+        one, half, zero = self.const(1.0, f32), self.const(0.5, f32), self.const(0.0, f32)
+        ax = self.op("f32", f"abs.f32 {{d}}, {x}")
+        lg = self.op("f32", f"lg2.approx.f32 {{d}}, {ax}")
+        prod_ = self.op("f32", f"mul.f32 {{d}}, {lg}, {y}")
+        mag = self.op("f32", f"ex2.approx.f32 {{d}}, {prod_}")
+        y_int = self.op("f32", f"cvt.rzi.f32.f32 {{d}}, {y}")
+        is_int = self.op("pred", f"setp.eq.f32 {{d}}, {y_int}, {y}")
+        y_half = self.op("f32", f"mul.f32 {{d}}, {y}, {half}")
+        y_half_int = self.op("f32", f"cvt.rzi.f32.f32 {{d}}, {y_half}")
+        odd = self.op("pred", f"setp.ne.f32 {{d}}, {y_half_int}, {y_half}")
+        neg_mag = self.op("f32", f"neg.f32 {{d}}, {mag}")
+        signed = self.op("f32", f"selp.f32 {{d}}, {neg_mag}, {mag}, {odd}")
+        nan = self.const(math.nan, f32)
+        neg_result = self.op("f32", f"selp.f32 {{d}}, {signed}, {nan}, {is_int}")
+        x_neg = self.op("pred", f"setp.lt.f32 {{d}}, {x}, {zero}")
+        r = self.op("f32", f"selp.f32 {{d}}, {neg_result}, {mag}, {x_neg}")
+        y_zero = self.op("pred", f"setp.eq.f32 {{d}}, {y}, {zero}")
+        x_one = self.op("pred", f"setp.eq.f32 {{d}}, {x}, {one}")
+        trivial = self.op("pred", f"or.pred {{d}}, {y_zero}, {x_one}")
+        r = self.op("f32", f"selp.f32 {{d}}, {one}, {r}, {trivial}")
+        if op_type(sdt) == "f64":
+            return self.op("f64", f"cvt.f64.f32 {{d}}, {r}")
+        return r
+
+    def int_pow(self, sdt: DType, a: str, b: str) -> str:
+        """Exponentiation by squaring (wrapping); a negative exponent gives 1/a**n truncated."""
+        t, cls = op_type(sdt), reg_class(sdt)
+        one, zero = self.const(1, sdt), self.const(0, sdt)
+        result, base, exp = self.reg(cls), self.reg(cls), self.reg(cls)
+        self.ins(f"mov.{t} {result}, {one}")
+        self.ins(f"mov.{t} {base}, {a}")
+        self.ins(f"mov.{t} {exp}, {b}")
+        loop, negative, done = self.label("pow"), self.label("pow_neg"), self.label("pow_done")
+        if not sdt.is_unsigned:
+            is_neg = self.op("pred", f"setp.lt.{t} {{d}}, {exp}, {zero}")
+            self.ins(f"@{is_neg} bra {negative}")
+        self.put_label(loop)
+        finished = self.op("pred", f"setp.eq.{t} {{d}}, {exp}, {zero}")
+        self.ins(f"@{finished} bra {done}")
+        low = self.op(cls, f"and.b{t[1:]} {{d}}, {exp}, {one}")
+        odd = self.op("pred", f"setp.ne.{t} {{d}}, {low}, {zero}")
+        self.ins(f"@{odd} mul.lo.{t} {result}, {result}, {base}")
+        self.ins(f"mul.lo.{t} {base}, {base}, {base}")
+        self.ins(f"shr.u{t[1:]} {exp}, {exp}, 1")
+        self.ins(f"bra {loop}")
+        if not sdt.is_unsigned:
+            self.put_label(negative)
+            minus_one = self.const(-1, sdt)
+            b_low = self.op(cls, f"and.b{t[1:]} {{d}}, {b}, {one}")
+            b_odd = self.op("pred", f"setp.ne.{t} {{d}}, {b_low}, {zero}")
+            sign = self.op(cls, f"selp.{t} {{d}}, {minus_one}, {one}, {b_odd}")
+            a_m1 = self.op("pred", f"setp.eq.{t} {{d}}, {a}, {minus_one}")
+            a_1 = self.op("pred", f"setp.eq.{t} {{d}}, {a}, {one}")
+            tmp = self.op(cls, f"selp.{t} {{d}}, {sign}, {zero}, {a_m1}")
+            self.ins(f"selp.{t} {result}, {one}, {tmp}, {a_1}")
+        self.put_label(done)
+        return result
+
+    def int_div(self, op: Ops, sdt: DType, divisor: UOp, a: str, b: str) -> str:
+        """C division / remainder; x / 0 and x % 0 give 0, INT_MIN / -1 wraps (no undefined result)."""
+        t, cls = op_type(sdt), reg_class(sdt)
+        name = "div" if op is Ops.IDIV else "rem"
+        if divisor.op is Ops.CONST and divisor.arg != 0 and (sdt.is_unsigned or divisor.arg != -1):
+            return self.op(cls, f"{name}.{t} {{d}}, {a}, {b}")  # the common case: index math by a size
+        zero, one = self.const(0, sdt), self.const(1, sdt)
+        is_zero = self.op("pred", f"setp.eq.{t} {{d}}, {b}, {zero}")
+        if sdt.is_unsigned:
+            safe = self.op(cls, f"selp.{t} {{d}}, {one}, {b}, {is_zero}")
+            q = self.op(cls, f"{name}.{t} {{d}}, {a}, {safe}")
+            return self.op(cls, f"selp.{t} {{d}}, {zero}, {q}, {is_zero}")
+        is_m1 = self.op("pred", f"setp.eq.{t} {{d}}, {b}, {self.const(-1, sdt)}")
+        bad = self.op("pred", f"or.pred {{d}}, {is_zero}, {is_m1}")
+        safe = self.op(cls, f"selp.{t} {{d}}, {one}, {b}, {bad}")
+        q = self.op(cls, f"{name}.{t} {{d}}, {a}, {safe}")
+        # b == -1: a / -1 = -a (wrapping) and a % -1 = 0
+        m1_result = self.op(cls, f"neg.{t} {{d}}, {a}") if op is Ops.IDIV else zero
+        fixed = self.op(cls, f"selp.{t} {{d}}, {zero}, {m1_result}, {is_zero}")
+        return self.op(cls, f"selp.{t} {{d}}, {fixed}, {q}, {bad}")
+
+    def float_div_mod(self, op: Ops, t: str, a: str, b: str) -> str:
+        """Float IDIV is trunc(a / b); MOD is C's fmod, a - b * trunc(a / b)."""
+        cls = "f64" if t == "f64" else "f32"
+        q = self.op(cls, f"div.rn.{t} {{d}}, {a}, {b}")
+        qt = self.op(cls, f"cvt.rzi.{t}.{t} {{d}}, {q}")
+        if op is Ops.IDIV:
+            return qt
+        prod_ = self.op(cls, f"mul.{t} {{d}}, {qt}, {b}")
+        return self.op(cls, f"sub.{t} {{d}}, {a}, {prod_}")
+
+
+def render_ptx(prog: LinearProgram, arch: str = DEFAULT_ARCH) -> str:
+    """PTX text for one kernel (see the module docstring for its calling convention)."""
+    return _Emitter(prog, arch).render()
+
+
+class PTXRenderer:
+    """The NVIDIA renderer: one thread per output element, printed as PTX."""
+
+    language = "ptx"
+
+    def __init__(self, arch: str = DEFAULT_ARCH) -> None:
+        if not arch.startswith("sm_"):
+            raise ValueError(f"PTX target must look like 'sm_90', got {arch!r}")
+        self.arch = arch
+
+    def lower(self, ast: UOp, name: str) -> LinearProgram:
+        return lower(ast, name, target="gpu")
+
+    def render(self, prog: LinearProgram) -> str:
+        return render_ptx(prog, self.arch)
