@@ -257,3 +257,17 @@ def test_simplification_shrinks_index_expressions() -> None:
     assert simplify(back) is simplify(flat)
     assert simplify((flat // 7) % 6) is r1
     assert simplify(flat % 7) is r2
+
+
+def test_division_by_a_variable_recombines_with_its_remainder() -> None:
+    # the global index of a (batch, seq_len) loop is split into i // T and i % T; their weighted sum
+    # must fold back to i * stride, or every load pays a division per element
+    t, i = Variable("T", 1, 64), Variable("i", 0, 1000)
+    assert simplify((i // t) * t * 384 + (i % t) * 384 + 5).render() == "((i*384)+5)"
+    assert simplify(t * (i // t) + i % t) is simplify(i)
+    # a mismatched coefficient is not the identity and must stay
+    assert "%" in simplify((i // t) * t * 2 + (i % t)).render()
+    for iv in range(0, 200, 7):
+        for tv in (1, 3, 37):
+            e = (i // t) * t * 3 + (i % t) * 3
+            assert sym_infer(simplify(e), {i: iv, t: tv}) == iv * 3

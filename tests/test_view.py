@@ -11,6 +11,7 @@ import pytest
 from rawgrad.compiler.ir import Ops, UOp, Variable
 from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.compiler.view import ShapeTracker, View
+from rawgrad.dtype import dtypes
 
 
 # ---------------------------------------------------------------------- a vectorized evaluator of index UOps
@@ -382,3 +383,22 @@ def test_to_indexed_uops_takes_given_indices() -> None:
     assert idx.render() == "(r0+(r1*4))" and valid.is_const(True)
     idx2, valid2 = ShapeTracker.from_shape((4,)).pad(((2, 0),)).to_indexed_uops([r1])
     assert idx2.render() == "(r1+-2)" and valid2.render() == "(1<r1)"
+
+
+def test_head_split_permute_expand_with_symbolic_length_is_one_view() -> None:
+    # attention: (B, T, 384) -> (B, T, 12, 32) -> (B, 12, T, 32) -> (B, 12, T, 1, 32) -> expand over keys.
+    # Composing these must not leave a second view (a second view means div/mod by T per element).
+    t = Variable("T", 1, 64)
+    head_split = ShapeTracker.from_shape((2, t, 12, 32)).permute((0, 2, 1, 3))
+    q = ShapeTracker.from_shape((2, t, 384)) + ShapeTracker.from_shape((2, t, 384)).reshape((2, t, 12, 32)) \
+        .permute((0, 2, 1, 3))
+    assert len(q.views) == 1
+    both = head_split + ShapeTracker.from_shape((2, 12, t, 32)).reshape((2, 12, t, 1, 32)) \
+        .expand((2, 12, t, t, 32))
+    assert len(both.views) == 1
+    strides = both.views[0].strides
+    assert strides[1] == 32 and strides[3] == 0 and strides[4] == 1
+    for tv in (1, 5, 17):
+        idx, _ = both.to_indexed_uops([UOp.const(dtypes.index, v) for v in (1, 3, tv - 1, 0, 7)])
+        # element (b=1, h=3, t=tv-1, d=7) of the (2, T, 12, 32) buffer
+        assert sym_infer(idx, {t: tv}) == ((1 * tv + tv - 1) * 12 + 3) * 32 + 7

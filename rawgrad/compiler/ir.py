@@ -44,6 +44,10 @@ class Ops(Enum):
     CONTIGUOUS = auto()  # force the value into its own buffer
     COPY = auto()  # arg: destination device name
     ASSIGN = auto()  # src: (target, value): write value into target's buffer
+    # rows of a 2-d table picked by integer indices (embedding lookup). Tensor graph: src (table (V, D),
+    # indices S), shape S + (D,). Kernel graph: src (DEFINE_GLOBAL table, VIEW of the output space as a
+    # contiguous (N, D), row index value), arg (V, D); an index outside [0, V) reads 0.
+    GATHER = auto()
 
     # ---- unary ALU
     NEG = auto()
@@ -528,6 +532,8 @@ def _infer_shape(u: UOp) -> tuple[Any, ...]:
         return tuple(1 if i in axes else d for i, d in enumerate(u.src[0].shape))
     if op is Ops.ASSIGN:
         return u.src[0].shape
+    if op is Ops.GATHER:
+        return (*u.src[1].shape, u.src[0].shape[1])
     if op is Ops.VIEW:
         return u.arg.shape
     if op in ALU:

@@ -60,11 +60,12 @@ def _sint(v: Any) -> UOp:
 
 
 class _Lowerer:
-    def __init__(self, ast: UOp, name: str):
+    def __init__(self, ast: UOp, name: str, target: str = "cpu"):
         if not (ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE):
             raise ValueError("a kernel must be a SINK of exactly one STORE")
         self.ast = ast
         self.name = name
+        self.target = target
         self.store = ast.src[0]
         self.out_global, out_view, self.value = self.store.src
         self.out_st: ShapeTracker = out_view.arg
@@ -81,10 +82,8 @@ class _Lowerer:
             if isinstance(d, UOp):
                 variables.update(d.variables())
         for n in ast.toposort():
-            if n.op is Ops.VIEW:
-                for d in n.arg.shape:
-                    if isinstance(d, UOp):
-                        variables.update(d.variables())
+            if n.op is Ops.VIEW:  # shapes, strides, offsets and masks may all name Variables
+                variables.update(n.arg.variables())
         self.variables = sorted(variables, key=lambda v: v.arg)
         self.statements: list[UOp] = []
         self.loop_count = 0
@@ -100,7 +99,7 @@ class _Lowerer:
         out_axes = [i for i in range(n) if i not in self.reduce_axes]
         loads = [x for x in self.value.toposort() if x.op is Ops.LOAD]
         opts = choose_opts(self.full_shape, out_axes, self.reduce_axes, [ld.src[1].arg for ld in loads],
-                           self.out_st)
+                           self.out_st, target=self.target)
         # loop extent of each axis after upcasting
         extent = [self.full_shape[i] // opts.upcast[i] if i in opts.upcast else self.full_shape[i]
                   for i in range(n)]
@@ -204,6 +203,8 @@ class _Lowerer:
             out = value
         elif op is Ops.DEFINE_VAR:
             out = node
+        elif op is Ops.GATHER:
+            out = self._gather(node, full_idxs, out_idxs, memo)
         elif op in ALU or op in (Ops.CAST, Ops.BITCAST):
             srcs = tuple(self.expr(s, full_idxs, out_idxs, memo) for s in node.src)
             out = UOp(op, node.dtype, srcs, node.arg)
@@ -211,6 +212,23 @@ class _Lowerer:
             raise NotImplementedError(f"lowering cannot handle {op} inside a kernel value")
         memo[node] = out
         return out
+
+    def _gather(self, node: UOp, full_idxs: list[UOp], out_idxs: list[UOp], memo: dict[UOp, UOp]) -> UOp:
+        """A table load at row = the index value (see Ops.GATHER); out-of-range rows read 0."""
+        glob, view, index_value = node.src
+        rows, cols = node.arg
+        pos, valid = self._index(view.arg, full_idxs, out_idxs)
+        row = self.expr(index_value, full_idxs, out_idxs, memo)
+        if row.dtype != _IDX:
+            row = UOp(Ops.CAST, _IDX, (row,))
+        below_end = UOp(Ops.CMPLT, dtypes.bool, (row, _c(rows)))
+        not_negative = UOp(Ops.NOT, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (row, _c(0))),))
+        in_table = UOp(Ops.AND, dtypes.bool, (below_end, not_negative))
+        valid = in_table if valid.is_const(True) else UOp(Ops.AND, dtypes.bool, (valid, in_table))
+        col = simplify(UOp(Ops.MOD, _IDX, (pos, _c(cols))))
+        address = UOp(Ops.ADD, _IDX, (UOp(Ops.MUL, _IDX, (row, _c(cols))), col))
+        index = UOp(Ops.INDEX, _IDX, (glob, simplify(address)))
+        return UOp(Ops.LOAD, node.dtype, (index, valid))
 
     def _index(self, st: ShapeTracker, full_idxs: list[UOp], out_idxs: list[UOp]) -> tuple[UOp, UOp]:
         idxs = full_idxs if tuple(st.shape) == tuple(self.full_shape) else out_idxs
@@ -228,6 +246,9 @@ def _combine(op: Ops, acc: UOp, val: UOp) -> UOp:
     raise ValueError(op)
 
 
-def lower(ast: UOp, name: str = "kernel") -> LinearProgram:
-    """Turn one kernel AST into a linear program (see module docstring)."""
-    return _Lowerer(ast, name).lower()
+def lower(ast: UOp, name: str = "kernel", target: str = "cpu") -> LinearProgram:
+    """Turn one kernel AST into a linear program (see module docstring).
+
+    `target` is "cpu" (register tiles, a global range split across cores) or "gpu" (no tiles, every
+    output axis in the global range: one thread per output element); see opt.choose_opts."""
+    return _Lowerer(ast, name, target).lower()

@@ -56,7 +56,14 @@ def _largest_divisor(dim: Any, choices: tuple[int, ...]) -> int | None:
 
 
 def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: tuple[int, ...],
-                load_sts: list[Any], out_st: Any) -> KernelOpts:
+                load_sts: list[Any], out_st: Any, target: str = "cpu") -> KernelOpts:
+    """Pick upcasts and the global axes. `target="gpu"`: no register tiles, and every output axis is
+    global, because a GPU runs one thread per output element and finds its parallelism there."""
+    if target == "gpu":
+        return KernelOpts(global_axes=sum(1 for ax in out_axes
+                                          if not (isinstance(full_shape[ax], int) and full_shape[ax] == 1)))
+    if target != "cpu":
+        raise ValueError(f"unknown kernel target {target!r} (expected 'cpu' or 'gpu')")
     opts = KernelOpts()
     if config.NOOPT():
         return opts
@@ -69,10 +76,15 @@ def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: t
             for ax in reversed(out_axes):
                 if mine[ax] == 1 and any(o[ax] == 0 for o in others):
                     contig_axis = ax
-                    # the tile's other axis: an output axis this input broadcasts (stride 0)
-                    for ax2 in out_axes:
-                        if ax2 != ax and mine[ax2] == 0:
-                            tile_axis = ax2
+                    # the tile's other axis: an output axis this input broadcasts (stride 0); the
+                    # innermost such axis, unless only an outer one has a size the tile divides (a
+                    # symbolic sequence length does not, the batch axis may)
+                    broadcast = [ax2 for ax2 in out_axes if ax2 != ax and mine[ax2] == 0]
+                    rows = TILES_BY_VECTOR_BITS[host_vector_bits()][0]
+                    divisible = [ax2 for ax2 in broadcast
+                                 if _largest_divisor(full_shape[ax2], (rows, 4, 2)) is not None]
+                    if divisible or broadcast:
+                        tile_axis = (divisible or broadcast)[-1]
                     break
             if contig_axis is not None:
                 break

@@ -186,6 +186,16 @@ def _const_right(x: UOp) -> UOp | None:
 # ---------------------------------------------------------------------- rules: sums and products
 
 
+def _symbolic_div_times_divisor(base: UOp) -> UOp | None:
+    """The IDIV node of `(y // d) * d` (either operand order) for a non-constant d; else None."""
+    if base.op is not Ops.MUL or _is_c(base.src[0]) or _is_c(base.src[1]):
+        return None
+    for div, other in ((base.src[0], base.src[1]), (base.src[1], base.src[0])):
+        if div.op is Ops.IDIV and div.src[1] is other:
+            return div
+    return None
+
+
 def _add(x: UOp) -> UOp | None:
     dt = x.dtype
     assert dt is not None
@@ -195,7 +205,23 @@ def _add(x: UOp) -> UOp | None:
     while changed:
         changed = False
         for base, m in list(terms.items()):
-            if base.op is not Ops.IDIV or not _is_c(base.src[1]) or m == 0:
+            if m == 0:
+                continue
+            div = _symbolic_div_times_divisor(base)
+            if div is not None:
+                # (y//d)*d*k + (y%d)*k with a symbolic d (a sequence length): same identity, and d > 0
+                mod = _node(Ops.MOD, dt, div.src)
+                if terms.get(mod, 0) == m:
+                    del terms[base]
+                    del terms[mod]
+                    inner, ic = sum_parts(div.src[0])
+                    for b2, k2 in inner.items():
+                        terms[b2] = terms.get(b2, 0) + k2 * m
+                    const += ic * m
+                    changed = True
+                    break
+                continue
+            if base.op is not Ops.IDIV or not _is_c(base.src[1]):
                 continue
             c = base.src[1].arg
             mod = _node(Ops.MOD, dt, base.src)

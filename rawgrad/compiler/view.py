@@ -537,6 +537,44 @@ def _narrowed(v: View, idxs: list[UOp]) -> dict[UOp, UOp]:
     return out
 
 
+def _contiguous_order(v: View) -> list[int] | None:
+    """The dims of `v` (size > 1, stride != 0), innermost first, if they lay out a contiguous block
+    (stride 1, then each stride = the previous dim's stride * size); else None. Symbolic strides are
+    matched by provable equality, so this works where sizes are Variables."""
+    dims = [i for i, (sz, st) in enumerate(zip(v.shape, v.strides)) if not _eq(sz, 1) and not _eq(st, 0)]
+    order: list[int] = []
+    want: SInt = 1
+    while len(order) < len(dims):
+        nxt = next((i for i in dims if i not in order and _eq(v.strides[i], want)), None)
+        if nxt is None:
+            return None
+        order.append(nxt)
+        want = _mul(want, v.shape[nxt])
+    return order
+
+
+def _merge_layout_view(v1: View, v2: View) -> View | None:
+    """v2 on top of v1 when v2 only permutes, expands and reshapes v1's elements (no mask, no offset):
+    reshape v1 to v2's underlying contiguous shape, then carry the strides over. This is the case
+    attention's head split produces, and it needs no div/mod, so it also works with symbolic sizes
+    (where composing index expressions would)."""
+    if v2.mask is not None or not _eq(v2.offset, 0) or v1.mask is not None:
+        return None
+    order = _contiguous_order(v2)
+    if order is None:
+        return None
+    layout = tuple(v2.shape[i] for i in reversed(order))  # outermost first
+    if not _eq(_prod(layout), v1.size):
+        return None  # v2 reads a part of v1 only (or the same elements twice): not a pure relayout
+    base = v1.reshape(layout) if layout else v1
+    if base is None or base.mask is not None:
+        return None
+    strides: list[SInt] = [0] * len(v2.shape)
+    for pos, i in enumerate(reversed(order)):
+        strides[i] = base.strides[pos] if layout else 0
+    return View.create(v2.shape, tuple(strides), base.offset, None)
+
+
 def _merge_views(v1: View, v2: View) -> View | None:
     """One view equal to v2 applied on top of v1, or None."""
     if v1.contiguous:
@@ -550,6 +588,9 @@ def _merge_views(v1: View, v2: View) -> View | None:
         return v2  # it reads nothing, whatever is below it
     if empty(v1):
         return View.create(v2.shape, mask=tuple((0, 0) for _ in v2.shape))
+    direct = _merge_layout_view(v1, v2)
+    if direct is not None:
+        return direct
     # compose the two index functions symbolically; if the result is affine in the loop indices and
     # its validity is a box, one view computes exactly the same thing. Outside v2's mask nothing is
     # read, so the indices are bounded by that mask, which lets div/mod of padded indices vanish.

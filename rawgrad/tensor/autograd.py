@@ -168,6 +168,19 @@ def _movement_grad(n: UOp, g: UOp) -> UOp:
     raise NotImplementedError(f"no gradient rule for {op}")
 
 
+def _gather_table_grad(n: UOp, g: UOp) -> UOp:
+    """d(table[rows])/d(table): scatter-add of the output gradient into the picked rows, written as a
+    one-hot (N, V) matrix contracted with the (N, D) gradient (the same kernel a matmul is)."""
+    from rawgrad.tensor.tensor import Tensor
+    table, rows = n.src
+    v, d = table.shape
+    assert g.dtype is not None
+    flat_rows = Tensor(rows).reshape(-1, 1)
+    onehot = (flat_rows == Tensor.arange(v, device=n.device).reshape(1, v)).cast(g.dtype)
+    grad_rows = Tensor(g).reshape(-1, d)
+    return (onehot.transpose(0, 1) @ grad_rows).uop
+
+
 def _source_grads(n: UOp, g: UOp) -> tuple[UOp | None, ...]:
     """Gradients of n's sources given the gradient g of n (None: no gradient flows to that source)."""
     op = n.op
@@ -184,6 +197,8 @@ def _source_grads(n: UOp, g: UOp) -> tuple[UOp | None, ...]:
     elif op is Ops.COPY:
         x = n.src[0]
         grads = (g if x.device == n.device else UOp(Ops.COPY, g.dtype, (g,), x.device),)
+    elif op is Ops.GATHER:
+        grads = (_gather_table_grad(n, g), None)
     elif op is Ops.BITCAST or op is Ops.ASSIGN:
         grads = (None,) * len(n.src)
     else:

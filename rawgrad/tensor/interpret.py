@@ -230,6 +230,11 @@ class _Evaluator:
             return _reduce(src[0], dt, u.arg[0], u.arg[1])
         if op in (Ops.CONTIGUOUS, Ops.COPY):
             return src[0]
+        if op is Ops.GATHER:
+            table, rows = src[0], src[1].astype(np.int64)
+            inside = (rows >= 0) & (rows < table.shape[0])
+            picked = table[np.where(inside, rows, 0)]
+            return np.where(inside[..., None], picked, np.zeros((), picked.dtype))
         if op is Ops.ASSIGN:
             buf = _assign_target(u.src[0])
             new = np.broadcast_to(src[1], _concrete(u.shape))

@@ -109,7 +109,7 @@ class _Scheduler:
         """Does computing `u` read a buffer or reduce (so recomputing it per broadcast copy costs)?"""
         hit = self._memory_cache.get(u)
         if hit is None:
-            hit = u.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.COPY, Ops.ASSIGN, Ops.CONTIGUOUS) or \
+            hit = u.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.COPY, Ops.ASSIGN, Ops.CONTIGUOUS, Ops.GATHER) or \
                 any(self._reads_memory(s) for s in u.src)
             self._memory_cache[u] = hit
         return hit
@@ -319,10 +319,29 @@ class _KernelBuilder:
             inner_value = self.visit(node.src[0], ShapeTracker.from_shape(full), single, False)
             rop, axes = node.arg[0], tuple(node.arg[1])
             return UOp(Ops.REDUCE_AXIS, node.dtype, (inner_value,), (rop, axes, full))
+        if op is Ops.GATHER:
+            return self._gather(node, st, single, above_reduce)
         if op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN):
             buf = s.realize_node(node)
             return self.load(buf, ShapeTracker.from_shape(self._shape(node.shape)) + st)
         raise NotImplementedError(f"scheduler cannot handle {op} in a tensor graph")
+
+    def _gather(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:
+        """Table rows by index: the table is read from a buffer at an address computed from the index
+        value, so it must be realized; the index expression fuses like any other value."""
+        table, indices = node.src
+        tbuf = _contiguous_buffer_view(table)
+        if tbuf is None:
+            tbuf = self.s.realize_node(table)
+        ishape = self._shape(indices.shape)
+        out_shape = self._shape(node.shape)
+        # the index of output element (s..., d) is indices[s...]: broadcast along the row axis
+        idx_st = ShapeTracker.from_shape(ishape).reshape((*ishape, 1)).expand(out_shape) + st
+        row = self.visit(indices, idx_st, single, above_reduce)
+        # the output space flattened to (N, D): position p holds column p % D of row indices[p // D]
+        out_st = ShapeTracker.from_shape(out_shape) + st
+        return UOp(Ops.GATHER, node.dtype, (self.global_for(tbuf), UOp(Ops.VIEW, None, (), out_st), row),
+                   tuple(table.shape))
 
 
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], list[UOp]]:

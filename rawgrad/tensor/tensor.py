@@ -1612,9 +1612,12 @@ class Tensor:
         return y._gather_advanced(plan)
 
     def _gather_advanced(self, plan: _IndexPlan) -> Tensor:
-        """Numpy advanced indexing by one-hot compare + masked sum (one reduce kernel)."""
+        """Numpy advanced indexing: one integer index on the first axis is a row gather (a load at the
+        indexed address); anything else is a one-hot compare + masked sum (one reduce kernel)."""
         adv_axes = [a for a, _ in plan.advanced]
         idx = [t for _, t in plan.advanced]
+        if adv_axes == [0] and idx[0].dtype.is_int:
+            return self._take_rows(idx[0])
         bshape = _broadcast_shapes(*[t.shape for t in idx]) if len(idx) > 1 else idx[0].shape
         rest = [a for a in range(self.ndim) if a not in adv_axes]
         nb, k = len(bshape), len(adv_axes)
@@ -1706,7 +1709,18 @@ class Tensor:
         """`indices.embedding(weight)` = weight[indices] (torch.nn.functional.embedding(indices, weight))."""
         if weight.ndim != 2:
             raise ValueError(f"embedding weight must be 2-d (num, dim), got shape {weight.shape}")
-        return weight[self]
+        if not self.dtype.is_int:
+            raise TypeError(f"embedding indices must be integers, got {self.dtype}")
+        return weight._take_rows(self)
+
+    def _take_rows(self, indices: Tensor) -> Tensor:
+        """self[indices] along the first axis, numpy's wrap for negative indices; each output element is
+        one load from the row the index names (Ops.GATHER). Rows outside the table read as 0."""
+        n, rest = self.shape[0], self.shape[1:]
+        indices = (indices < 0).where(indices + n, indices)
+        table = self.reshape(n, _prod(rest))
+        out = Tensor(UOp(Ops.GATHER, self.dtype, (table.uop, indices.uop)))
+        return out.reshape(*indices.shape, *rest)
 
     # ------------------------------------------------------------------ linear algebra
     def dot(self, w: Tensor, dtype: DTypeLike | None = None) -> Tensor:
