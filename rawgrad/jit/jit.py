@@ -486,6 +486,8 @@ class TinyJit(Generic[ReturnT]):
         self.calls = 0
         self.captures: dict[tuple[Any, ...], CapturedGraph] = {}
         self.last: CapturedGraph | None = None
+        self.replays = 0  # calls served by a captured graph
+        self.kernels_replayed = 0  # kernels those replays launched (eager launches count in GlobalCounters)
         if fn is not None:
             functools.update_wrapper(self, fn)
         self.name = getattr(fn, "__qualname__", "loaded graph") if fn is not None else "loaded graph"
@@ -536,6 +538,8 @@ class TinyJit(Generic[ReturnT]):
         self._check_consts(cap, call)
         self.calls += 1
         self.last = cap
+        self.replays += 1
+        self.kernels_replayed += cap.kernel_count
         return cap.replay(call)  # type: ignore[no-any-return]
 
     def _eager(self, args: Sequence[Any], kwargs: dict[str, Any]) -> ReturnT:

@@ -146,7 +146,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         if debug >= 2:
             GlobalCounters.kernel_time_s += elapsed or 0.0
             print(f"*** {device:4s} {GlobalCounters.kernel_count:4d} {ck.name:40s} "
-                  f"global={ck.linear.global_size!s:>10s} bufs={len(si.bufs)} "
+                  f"global={int(sym_infer(ck.linear.global_size, si.var_vals)):>10d} bufs={len(si.bufs)} "
                   f"{(elapsed or 0) * 1e6:9.1f} us  (host {(time.perf_counter() - st) * 1e6:7.1f} us)")
 
 
