@@ -570,9 +570,22 @@ symbolic = PatternMatcher([
 ])
 
 
+# simplify() results by input node. UOps are hash-consed and immutable, so a result stays valid; shape
+# arithmetic asks for the same few expressions thousands of times per schedule when sizes are symbolic.
+_simplified: dict[UOp, UOp] = {}
+SIMPLIFY_CACHE_LIMIT = 1 << 16  # entries; the cache starts over beyond this (bounded memory)
+
+
 def simplify(u: UOp) -> UOp:
     """Rewrite an index expression with the `symbolic` rules until nothing changes."""
-    return graph_rewrite(u, symbolic)
+    out = _simplified.get(u)
+    if out is None:
+        out = graph_rewrite(u, symbolic)
+        if len(_simplified) >= SIMPLIFY_CACHE_LIMIT:
+            _simplified.clear()
+        _simplified[u] = out
+        _simplified[out] = out  # a simplified expression is its own fixed point
+    return out
 
 
 def ssimplify_int(x: Any) -> Any:
