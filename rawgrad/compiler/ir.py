@@ -524,7 +524,7 @@ def _infer_shape(u: UOp) -> tuple[Any, ...]:
     if op is Ops.PAD:
         return tuple(d + b + a for d, (b, a) in zip(u.src[0].shape, u.arg))
     if op is Ops.SHRINK:
-        return tuple(e - b for b, e in u.arg)
+        return tuple(shrink_size(b, e) for b, e in u.arg)
     if op is Ops.FLIP:
         return u.src[0].shape
     if op is Ops.REDUCE_AXIS:
@@ -542,6 +542,18 @@ def _infer_shape(u: UOp) -> tuple[Any, ...]:
     if u.src:
         return u.src[0].shape
     return ()
+
+
+def shrink_size(begin: Any, end: Any) -> Any:
+    """end - begin; a window that slides with a Variable, (v, v + n), has the constant size n, so
+    `x.shrink(((v, v + 1),))` is one row and can take a one-row assign or meet a one-row operand."""
+    size = end - begin
+    if isinstance(begin, UOp) and isinstance(end, UOp):
+        from rawgrad.compiler.symbolic import ssimplify_int  # symbolic builds on this module
+        folded = ssimplify_int(size)
+        if isinstance(folded, int):
+            return folded
+    return size
 
 
 def _infer_device(u: UOp) -> str:

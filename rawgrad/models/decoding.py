@@ -7,14 +7,14 @@ How a generation runs:
   writes their keys/values into the cache and returns the logits of the last position;
 - every later token runs the *decode step* under TinyJit: B tokens at position `start_pos`, where
   `start_pos` is the bound Variable `Variable("start_pos", 0, max_context - 1)`. Everything that depends
-  on the position is either a symbolic length (attention reads cache[:, :start_pos + 1]) or a value the
-  kernels compute from the Variable (the one-hot row of the position tables, the cache write mask), so
-  one capture serves every position: no recapture and no compile after the first two steps.
+  on the position is a symbolic length (attention reads cache[:, :start_pos + 1]) or a view with a
+  symbolic offset (the position-table row table[start_pos], the cache row written), which the kernels
+  take as an argument, so one capture serves every position: no recapture and no compile after the
+  first two steps.
 
-The cache is written by a whole-buffer `assign` whose value is `where(row == start_pos, new, cache)`.
-A write into just one row would need a store through a view with a symbolic offset, which the kernel
-lowering does not carry yet (it takes kernel Variables from view shapes only); the masked write costs one
-extra pass over the cache per step, about as much as attending over a full context.
+The cache is written by an `assign` into the view kv[:, :, start_pos:start_pos + T]: one kernel per
+layer that stores only the new rows (the rest of the cache is not touched), scheduled ahead of the
+attention that reads them, in the realize of the step's logits.
 """
 from __future__ import annotations
 
@@ -63,54 +63,46 @@ def position_value(start_pos: int | UOp, device: str) -> Tensor:
 
 
 def select_rows(table: Tensor, start_pos: int | UOp, n: int) -> Tensor:
-    """table[start_pos : start_pos + n] for a (rows, ...) table. With an int position this is a plain
-    slice; with a Variable (n == 1) it is a one-hot sum over the rows, which the kernels compute from the
-    Variable's value instead of a view offset."""
-    if isinstance(start_pos, int):
-        return table[start_pos:start_pos + n]
-    if n != 1:
+    """table[start_pos : start_pos + n] for a (rows, ...) table: a view, whose offset is symbolic for a
+    Variable (n == 1), so the kernels load just that row whatever the position."""
+    if not isinstance(start_pos, int) and n != 1:
         raise ValueError(f"a symbolic start position serves one token per step, got {n}")
-    rows = table.shape[0]
-    hit = Tensor.arange(rows, device=table.device) == position_value(start_pos, table.device)
-    hit = hit.reshape((rows,) + (1,) * (table.ndim - 1))
-    return hit.where(table, 0).sum(0, keepdim=True)
+    return table[start_pos:start_pos + n]
 
 
 # ---------------------------------------------------------------------------------------------- KV cache
 class KVCache:
-    """Preallocated keys and values per layer, each (batch, max_context, n_kv_heads, head_dim), zeroed."""
+    """Preallocated keys and values, zeroed: per layer one (2, batch, max_context, n_kv_heads, head_dim)
+    buffer holding keys at [0] and values at [1], so one kernel writes both for a step."""
 
     def __init__(self, n_layers: int, batch: int, max_context: int, n_kv_heads: int, head_dim: int,
                  device: str | None = None):
         self.batch, self.max_context = batch, max_context
-        shape = (batch, max_context, n_kv_heads, head_dim)
-        self.keys = [Tensor.zeros(*shape, device=device).contiguous().realize() for _ in range(n_layers)]
-        self.values = [Tensor.zeros(*shape, device=device).contiguous().realize() for _ in range(n_layers)]
+        shape = (2, batch, max_context, n_kv_heads, head_dim)
+        self.kv = [Tensor.zeros(*shape, device=device).contiguous().realize() for _ in range(n_layers)]
 
     def update(self, layer: int, k: Tensor, v: Tensor, start_pos: int | UOp) -> tuple[Tensor, Tensor]:
         """Write k, v (batch, T, n_kv_heads, head_dim) at positions start_pos.. and return the cached
-        keys and values of positions 0 .. start_pos + T - 1 (a symbolic length for a Variable)."""
+        keys and values of positions 0 .. start_pos + T - 1 (a symbolic length for a Variable).
+
+        The write is an assign into the view kv[:, :, start_pos:start_pos + T]: one kernel storing just
+        the new rows. It stays pending until a realize reads the cache (the step's logits, through the
+        returned keys and values), which schedules it ahead of that graph: the work it shares with the
+        graph (the q/k/v projection) is done once, and attention reads the cache after the write."""
         t = k.shape[1]
-        kc, vc = self.keys[layer], self.values[layer]
-        if k.shape[0] != self.batch or k.shape[2:] != kc.shape[2:]:
-            raise ValueError(f"KV cache of shape {kc.shape} cannot take keys of shape {k.shape}")
-        rows = Tensor.arange(self.max_context, device=kc.device).reshape(1, self.max_context, 1, 1)
+        kv = self.kv[layer]
+        if k.shape[0] != self.batch or k.shape[2:] != kv.shape[3:] or v.shape != k.shape:
+            raise ValueError(f"KV cache of shape {kv.shape} cannot take keys of shape {k.shape} and values "
+                             f"of shape {v.shape}")
         if isinstance(start_pos, int):
             if start_pos + t > self.max_context:
                 raise ValueError(f"positions {start_pos}..{start_pos + t - 1} exceed the context of "
                                  f"{self.max_context}")
-            pad = ((0, 0), (start_pos, self.max_context - start_pos - t), (0, 0), (0, 0))
-            hit = (rows >= start_pos) & (rows < start_pos + t)
-            kc.assign(hit.where(k.pad(pad), kc))
-            vc.assign(hit.where(v.pad(pad), vc))
-        else:
-            if t != 1:
-                raise ValueError(f"a symbolic start position serves one token per step, got {t}")
-            hit = rows == position_value(start_pos, kc.device)
-            kc.assign(hit.where(k, kc))
-            vc.assign(hit.where(v, vc))
+        elif t != 1:
+            raise ValueError(f"a symbolic start position serves one token per step, got {t}")
         end = start_pos + t
-        return kc.shrink((None, (0, end), None, None)), vc.shrink((None, (0, end), None, None))
+        kv[:, :, start_pos:end].assign(k.stack(v))
+        return kv[0, :, :end], kv[1, :, :end]
 
 
 def attention(q: Tensor, keys: Tensor, values: Tensor, start_pos: int | UOp) -> Tensor:

@@ -94,3 +94,20 @@ def buffer_write(buf: UOp, flat: np.ndarray) -> None:
 
 def is_allocated(buf: UOp) -> bool:
     return buf in _storage
+
+
+# movement ops an assign can write through: each maps a view element to exactly one buffer element and
+# covers no padding (PAD would store out of bounds, EXPAND would store one element from many lanes)
+WRITABLE_VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP)
+
+
+def writable_view(u: UOp) -> tuple[UOp, tuple[UOp, ...]] | None:
+    """(BUFFER, movement ops from the buffer up to `u`) when `u` is a chain of WRITABLE_VIEW_OPS over a
+    BUFFER (the buffer itself gives an empty chain); else None."""
+    chain: list[UOp] = []
+    while u.op in WRITABLE_VIEW_OPS:
+        chain.append(u)
+        u = u.src[0]
+    if u.op is not Ops.BUFFER:
+        return None
+    return u, tuple(reversed(chain))

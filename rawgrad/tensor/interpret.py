@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.dtype import DType, bf16_bits_to_f32, dtypes, f32_to_bf16_bits
-from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, buffer_write, is_allocated
+from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, buffer_write, is_allocated, writable_view
 
 
 def _compute_np(dt: DType) -> np.dtype:
@@ -56,12 +57,11 @@ def _concrete(shape: tuple[Any, ...]) -> tuple[int, ...]:
     out = []
     for s in shape:
         if isinstance(s, UOp):
-            if s.op is Ops.BIND:
-                out.append(int(s.src[1].arg))
-            elif s.op is Ops.CONST:
-                out.append(int(s.arg))
-            else:
-                raise ValueError(f"the interpreter needs bound sizes, got the symbolic size {s.render()}")
+            try:  # a bound Variable carries its value; an expression of bound ones (v + 1) evaluates
+                out.append(int(sym_infer(s, {})))
+            except ValueError:
+                raise ValueError(f"the interpreter needs bound sizes, got the symbolic size "
+                                 f"{s.render()}") from None
         else:
             out.append(int(s))
     return tuple(out)
@@ -184,12 +184,22 @@ def _concrete_pairs(pairs: tuple[tuple[Any, Any], ...]) -> list[tuple[int, int]]
     return [_concrete(p) for p in pairs]  # type: ignore[misc]
 
 
-def _assign_target(target: UOp) -> UOp:
+def _assign_target(target: UOp) -> tuple[UOp, np.ndarray | None]:
+    """The BUFFER an ASSIGN writes and, for a view target, the flat buffer position of each element of
+    the view (the view's movement ops applied to the positions 0..size-1); None for the whole buffer."""
     if target.op is Ops.BUFFER:
-        return target
+        return target, None
     if target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER:
-        return target.src[0]
-    raise ValueError(f"ASSIGN target must be a realized contiguous buffer, got {target.op.name}")
+        return target.src[0], None
+    view = writable_view(target)
+    if view is None:
+        raise ValueError(f"ASSIGN target must be a realized buffer or a shrink/reshape/permute/flip view of "
+                         f"one, got {target.op.name}")
+    buf, chain = view
+    positions = np.arange(buf.arg[1], dtype=np.int64)
+    for m in chain:
+        positions = _movement(m, positions)
+    return buf, positions
 
 
 class _Evaluator:
@@ -236,9 +246,16 @@ class _Evaluator:
             picked = table[np.where(inside, rows, 0)]
             return np.where(inside[..., None], picked, np.zeros((), picked.dtype))
         if op is Ops.ASSIGN:
-            buf = _assign_target(u.src[0])
+            buf, positions = _assign_target(u.src[0])
             new = np.broadcast_to(src[1], _concrete(u.shape))
-            buffer_write(buf, value_to_host(np.ascontiguousarray(new), dt).reshape(-1))
+            if positions is not None:
+                # read-modify-write: the elements outside the view keep what the buffer holds now
+                full = host_to_value(buffer_numpy(buf), dt).copy()
+                full[positions] = new
+                new_host = value_to_host(full, dt)
+            else:
+                new_host = value_to_host(np.ascontiguousarray(new), dt).reshape(-1)
+            buffer_write(buf, new_host)
             return new
         return _alu(u, src)
 
@@ -260,6 +277,10 @@ def interpret_realize(*uops: UOp) -> tuple[UOp, ...]:
         val = ev.value(u)
         if u.op is Ops.ASSIGN:
             out.append(u.src[0])  # the target now holds the value; keep reading its buffer
+            if _assign_target(u.src[0])[1] is not None:
+                # later uops read that buffer (not this ASSIGN) and must see the write, as kernels
+                # scheduled after it do: forget every value computed from the old contents
+                ev = _Evaluator()
             continue
         assert u.dtype is not None
         buf = buffer_from_numpy(value_to_host(np.ascontiguousarray(val), u.dtype), u.dtype, u.device)

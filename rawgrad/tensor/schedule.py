@@ -21,7 +21,7 @@ from typing import Any
 from rawgrad.compiler.ir import ALU, MOVEMENT, Ops, UOp, prod
 from rawgrad.compiler.view import ShapeTracker
 from rawgrad.dtype import dtypes
-from rawgrad.tensor.buffers import new_buffer
+from rawgrad.tensor.buffers import new_buffer, writable_view
 
 
 @dataclass
@@ -96,6 +96,9 @@ class _Scheduler:
         self.var_vals: dict[UOp, int] = {}
         self.items: list[ScheduleItem] = []
         self.realized: dict[UOp, UOp] = {}  # graph node -> BUFFER holding its value (contiguous)
+        # ASSIGN into a view: its value sits in its BUFFER (in `realized`) at this ShapeTracker, not
+        # contiguously from element 0
+        self.assigned_views: dict[UOp, ShapeTracker] = {}
         self.consumers: dict[UOp, int] = {}
         for node in UOp(Ops.SINK, None, tuple(outs)).toposort():
             for s in node.src:
@@ -136,6 +139,9 @@ class _Scheduler:
                 results.append(out)
                 continue
             buf = self.realize_node(out)
+            if out in self.assigned_views:
+                results.append(out.src[0])  # the target view now reads what was written
+                continue
             results.append(buf if len(out.shape) == 1 and out.shape[0] == buf.arg[1] else
                            UOp(Ops.RESHAPE, buf.dtype, (buf,), out.shape))
         return results
@@ -177,26 +183,41 @@ class _Scheduler:
         tbuf = _contiguous_buffer_view(target)
         if tbuf is None:
             tbuf = self.realized.get(target)
-        if tbuf is None:
-            raise ValueError("assign target must be a realized, contiguous tensor (call .realize() first)")
-        self._schedule_kernel(value, tbuf, target.shape)
-        self.realized[node] = tbuf
-        return tbuf
+        if tbuf is not None:
+            self._schedule_kernel(value, tbuf, None)
+            self.realized[node] = tbuf
+            return tbuf
+        view = writable_view(target)
+        if view is None:
+            raise ValueError("assign target must be a realized tensor or a shrink/reshape/permute/flip view "
+                             "of one (call .realize() first)")
+        vbuf, chain = view
+        # the kernel loops over the view's shape and stores each element where the view maps it in the
+        # buffer, so only the viewed elements are written (a Variable offset stays a kernel argument)
+        st = ShapeTracker.from_shape(vbuf.shape)
+        for m in chain:
+            st = apply_movement(st, m.op, _unbind_arg(m.arg, self.var_vals))
+        self._schedule_kernel(value, vbuf, st)
+        self.realized[node] = vbuf
+        self.assigned_views[node] = st
+        return vbuf
 
     # ------------------------------------------------------------------ kernels
-    def _schedule_kernel(self, root: UOp, out_buf: UOp, store_shape: tuple[Any, ...] | None) -> None:
-        kb = _KernelBuilder(self, root, out_buf)
+    def _schedule_kernel(self, root: UOp, out_buf: UOp, out_view: ShapeTracker | None) -> None:
+        """One kernel storing `root` into `out_buf`: contiguously, or through `out_view` (a view of the
+        buffer with root's shape) for an assign into a view."""
+        kb = _KernelBuilder(self, root, out_buf, out_view)
         ast = kb.build()
         if kb.reads_output_differently:
             # the value reads the buffer it overwrites through another view: compute it aside first
             tmp = self.realize_node(UOp(Ops.CONTIGUOUS, root.dtype, (root,)))
-            kb = _KernelBuilder(self, UOp(Ops.RESHAPE, tmp.dtype, (tmp,), root.shape), out_buf)
+            kb = _KernelBuilder(self, UOp(Ops.RESHAPE, tmp.dtype, (tmp,), root.shape), out_buf, out_view)
             ast = kb.build()
         self.items.append(ScheduleItem(ast, kb.bufs, {v: self.var_vals[v] for v in kb.variables}, kb.name()))
 
 
 class _KernelBuilder:
-    def __init__(self, sched: _Scheduler, root: UOp, out_buf: UOp):
+    def __init__(self, sched: _Scheduler, root: UOp, out_buf: UOp, out_view: ShapeTracker | None = None):
         self.s = sched
         self.root = root
         self.bufs: list[UOp] = [out_buf]
@@ -206,6 +227,11 @@ class _KernelBuilder:
         self.ops_seen: list[str] = []
         self.memo: dict[tuple[UOp, ShapeTracker], UOp] = {}
         self.loop_shape = self._loop_shape()
+        self.out_view = out_view
+        # where each element of the loop space is stored (a fused reduce's keepdim shape differs from
+        # the root's only by size-1 dims, so the view reshapes onto it)
+        self.out_st = ShapeTracker.from_shape(self.loop_shape) if out_view is None else \
+            out_view.reshape(self.loop_shape)
 
     def _loop_shape(self) -> tuple[Any, ...]:
         """The kernel's output loop space: the fused reduce's keepdim shape, else the root's shape."""
@@ -238,7 +264,8 @@ class _KernelBuilder:
         return UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), self.bufs.index(buf))
 
     def build(self) -> UOp:
-        out_st = ShapeTracker.from_shape(self.loop_shape)
+        out_st = self.out_st
+        self.variables.update(out_st.variables())
         root_st = ShapeTracker.from_shape(self._shape(self.root.shape)).reshape(self.loop_shape)
         value = self.visit(self.root, root_st, True, True)
         for d in self.loop_shape:
@@ -257,13 +284,22 @@ class _KernelBuilder:
         return UOp(Ops.SINK, None, (store,))
 
     def load(self, buf: UOp, st: ShapeTracker) -> UOp:
-        if buf is self.bufs[0] and st != ShapeTracker.from_shape(self.loop_shape) and \
-                st.shape == self.loop_shape:
+        if buf is self.bufs[0] and st != self.out_st and (st.shape == self.loop_shape or
+                                                          self.out_view is not None):
+            # another lane may overwrite the element before it is read; a view store is checked
+            # for every read of its buffer (a reduce reading it runs inside the store's loop)
             self.reads_output_differently = True
         if buf.arg[1] == 0:
             # an empty buffer can only be read through a pad mask that is always false
             return UOp(Ops.CONST, buf.dtype, (UOp(Ops.VIEW, None, (), st),), 0)
         return UOp(Ops.LOAD, buf.dtype, (self.global_for(buf), UOp(Ops.VIEW, None, (), st)))
+
+    def load_value(self, node: UOp, buf: UOp, st: ShapeTracker) -> UOp:
+        """Read the stored value of `node` from `buf` (through the view an assign wrote it to)."""
+        where = self.s.assigned_views.get(node)
+        if where is None:
+            where = ShapeTracker.from_shape(self._shape(node.shape))
+        return self.load(buf, where + st)
 
     def visit(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:
         key = (node, st)
@@ -279,10 +315,9 @@ class _KernelBuilder:
         if node is not self.root:
             single = single and s.consumers.get(node, 0) <= 1
             if node in s.realized:
-                return self.load(s.realized[node], ShapeTracker.from_shape(self._shape(node.shape)) + st)
+                return self.load_value(node, s.realized[node], st)
             if node in s.forced and node.op is not Ops.BUFFER:
-                buf = s.realize_node(node)
-                return self.load(buf, ShapeTracker.from_shape(self._shape(node.shape)) + st)
+                return self.load_value(node, s.realize_node(node), st)
         op = node.op
         if op is Ops.BUFFER:
             return self.load(node, ShapeTracker.from_shape(node.shape) + st)
@@ -322,8 +357,7 @@ class _KernelBuilder:
         if op is Ops.GATHER:
             return self._gather(node, st, single, above_reduce)
         if op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN):
-            buf = s.realize_node(node)
-            return self.load(buf, ShapeTracker.from_shape(self._shape(node.shape)) + st)
+            return self.load_value(node, s.realize_node(node), st)
         raise NotImplementedError(f"scheduler cannot handle {op} in a tensor graph")
 
     def _gather(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:

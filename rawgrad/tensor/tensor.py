@@ -11,6 +11,7 @@ walk the graph back to the tensors that have `requires_grad`.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import string
 import weakref
@@ -20,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import Ops, UOp, shrink_size
 from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.dtype import (
     DType,
@@ -36,7 +37,7 @@ from rawgrad.dtype import (
 from rawgrad.hcq.device import Device  # noqa: E402
 from rawgrad.tensor import autograd as _autograd
 from rawgrad.tensor import realize as _realize
-from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, new_buffer
+from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, is_allocated, new_buffer, writable_view
 
 # the default device: DEV from the environment, else the best device the registry detects
 DEFAULT_DEVICE: str = Device.DEFAULT
@@ -57,6 +58,64 @@ _THREEFRY_PARITY = 0x1BD11BDA
 # elementwise __eq__)
 _pending_assigns: dict[int, weakref.ref[Tensor]] = {}
 _executed_assigns: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# pending assigns into a view of a buffer, by id, with their creation order, held strongly:
+# `x[:, p:p+1].assign(row)` usually drops the view's Tensor at once, and the write must still reach x
+# before x is next read
+_pending_view_assigns: dict[int, tuple[int, Tensor]] = {}
+_view_assign_order = itertools.count()
+
+
+def _symbolic_window(it: Any, size: Any, dim: int) -> tuple[Any, Any] | None:
+    """(start, end) of an index that names a bound Variable: `v` (one element) or `v:v+n` (step 1);
+    None for plain ints, slices of ints and tensors. Bounds are checked over the Variable's range."""
+    start: Any
+    end: Any
+    if isinstance(it, UOp):
+        start, end = it, it + 1
+    elif isinstance(it, slice) and (isinstance(it.start, UOp) or isinstance(it.stop, UOp)):
+        if it.step not in (None, 1):
+            raise IndexError(f"a slice with a symbolic bound takes step 1, got {it!r}")
+        start = 0 if it.start is None else it.start
+        end = size if it.stop is None else it.stop
+    else:
+        return None
+    lo, hi = (start.vmin if isinstance(start, UOp) else start), (end.vmax if isinstance(end, UOp) else end)
+    if lo < 0 or (isinstance(size, int) and hi > size):
+        raise IndexError(f"a symbolic index can reach [{lo}, {hi}), outside dimension {dim} of size {size}")
+    return start, end
+
+
+def _view_assigns_read_by(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """The pending assigns into views (x[:, p:p+1].assign(row)) whose buffer these tensors read, or that
+    such an assign's own value reads, in the order they were made.
+
+    Such an assign is held by the view's Tensor, which nothing else in the graph refers to, so without
+    this `x.numpy()` would read x before the write (a pending assign into a whole buffer instead replaces
+    that tensor's graph, and its readers see it through the ASSIGN node). They are scheduled ahead of
+    the tensors in the same realize, so the work they share is done once and every read of the buffer
+    comes after the write. When a view assign is itself realized, only the ones made before it count:
+    later writes did not exist when its value was built."""
+    own = [_pending_view_assigns[id(t)][0] for t in tensors if id(t) in _pending_view_assigns]
+    limit = min(own) if own else math.inf
+    earlier = sorted((e for e in _pending_view_assigns.values() if e[0] < limit), key=lambda e: e[0])
+    if not earlier:
+        return []
+    nodes: set[UOp] = set()
+    for t in tensors:
+        nodes.update(t.uop.toposort())
+    chosen: dict[int, tuple[int, Tensor]] = {}
+    grew = True
+    while grew:  # a chosen write's value may read another buffer with an earlier pending write
+        grew = False
+        for seq, p in earlier:
+            if id(p) in chosen or p.uop.op is not Ops.ASSIGN or p.uop in nodes:
+                continue  # an assign inside these graphs already runs there, in graph order
+            view = writable_view(p.uop.src[0])
+            if view is not None and view[0] in nodes:
+                chosen[id(p)] = (seq, p)
+                nodes.update(p.uop.toposort())
+                grew = True
+    return [p for _, p in sorted(chosen.values(), key=lambda e: e[0])]
 
 
 # ---------------------------------------------------------------------- small helpers
@@ -502,7 +561,10 @@ class Tensor:
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and `others`, scheduled together in one call; `Tensor.realize(a, b)`)."""
         from rawgrad.tensor.interpret import is_realized
-        tensors = [t for t in (self, *others) if not is_realized(t.uop)]
+        asked = (self, *others)
+        if _pending_view_assigns:
+            asked = (*_view_assigns_read_by(asked), *asked)  # the writes first: the schedule keeps order
+        tensors = [t for t in asked if not is_realized(t.uop)]
         if not tensors:
             return self
         # An ASSIGN that already ran must not run again when an older graph that contains it is
@@ -527,6 +589,7 @@ class Tensor:
         for t, u in zip(tensors, done):
             t.uop = u
             _pending_assigns.pop(id(t), None)
+            _pending_view_assigns.pop(id(t), None)
         for n in nodes:
             if n.op is Ops.ASSIGN:
                 _executed_assigns[n] = n.src[0]
@@ -570,7 +633,10 @@ class Tensor:
         return Tensor(UOp(Ops.COPY, self.dtype, (self.uop,), self.device), requires_grad=self.requires_grad)
 
     def assign(self, x: Any) -> Tensor:
-        """Write x (broadcast and cast to self) into this tensor's buffer when next realized."""
+        """Write x (broadcast and cast to self) into this tensor's buffer when next realized. A
+        shrink/reshape/permute/flip view of a realized tensor writes into that tensor's elements only
+        (`cache[:, p:p+1].assign(row)`, p an int or a bound Variable); it runs no later than the next
+        realize that reads the viewed tensor."""
         from rawgrad.tensor.interpret import is_realized
         v = self._as_tensor(x)
         if v.device != self.device:
@@ -586,12 +652,17 @@ class Tensor:
         if self.uop.op is Ops.ASSIGN:  # chain onto a pending assign: both run in one realize, in order
             target = self.uop.src[0]
         else:
-            if not is_realized(self.uop):
+            view = writable_view(self.uop)
+            if not is_realized(self.uop) and (view is None or not is_allocated(view[0])):
                 self.realize()
+            # a shrink/reshape/permute/flip view of a realized buffer stays the target: the write lands
+            # in that buffer's viewed elements only (x[:, p:p+1].assign(row))
             target = self.uop
         self.uop = UOp(Ops.ASSIGN, self.dtype, (target, v.cast(self.dtype).uop))
         key = id(self)
         _pending_assigns[key] = weakref.ref(self, lambda _r: _pending_assigns.pop(key, None))
+        if not is_realized(target):
+            _pending_view_assigns[key] = (next(_view_assign_order), self)
         return self
 
     # ------------------------------------------------------------------ autograd
@@ -1538,9 +1609,23 @@ class Tensor:
                     out_dims_before_first_adv += 1
                 continue
             size = self.shape[dim]
-            if isinstance(it, bool) or not isinstance(it, (int, slice, Tensor)):
+            if isinstance(it, bool) or not isinstance(it, (int, slice, Tensor, UOp)):
                 raise IndexError(f"unsupported index {it!r} of type {type(it).__name__}")
-            if isinstance(it, int):
+            symbolic = _symbolic_window(it, size, dim)
+            if symbolic is not None:
+                # a window that moves with a bound Variable (x[v], x[v:v+n]) is a shrink with a
+                # symbolic offset: kernels take the Variable as an argument, so one capture serves all
+                n_sym = shrink_size(*symbolic)
+                plan.shrink.append(symbolic)
+                plan.flip.append(False)
+                plan.step.append((1, n_sym))
+                if isinstance(it, slice):
+                    plan.out_shape.append(n_sym)
+                    if not adv_items:
+                        out_dims_before_first_adv += 1
+                elif has_adv:
+                    adv_items.append(pos)
+            elif isinstance(it, int):
                 if not -size <= it < size:
                     raise IndexError(f"index {it} is out of bounds for dimension {dim} with size {size}")
                 i = it % size
@@ -1566,6 +1651,7 @@ class Tensor:
                 if not adv_items:
                     out_dims_before_first_adv += 1
             else:
+                assert isinstance(it, Tensor)  # a UOp index is a symbolic window, handled above
                 plan.shrink.append((0, size))
                 plan.flip.append(False)
                 plan.step.append((1, size))
