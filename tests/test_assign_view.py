@@ -181,3 +181,18 @@ def test_errors_and_views_that_cannot_take_a_write() -> None:
         interpret_realize(bad)
     with pytest.raises(ValueError, match=r"cannot assign a value of shape \(3,\) to shape \(2, 1\)"):
         c[:, 0:1].assign(Tensor.zeros(3))
+
+
+def test_tinyjit_runs_a_view_write_the_function_does_not_read_back() -> None:
+    state = Tensor(np.zeros((6, 2), np.float32)).contiguous().realize()
+
+    @TinyJit
+    def write(row: Tensor, pos: Any) -> Tensor:
+        state[pos:pos + 1].assign(row)  # nothing returned reads `state`
+        return row * 2
+
+    for p in range(6):
+        write(Tensor(np.full((1, 2), p + 1, np.float32)), Variable("pos", 0, 5).bind(p))
+        got = state.numpy()
+        np.testing.assert_array_equal(got[:p + 1, 0], np.arange(1, p + 2, dtype=np.float32))
+    assert len(write.captures) == 1

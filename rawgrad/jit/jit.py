@@ -44,7 +44,7 @@ from rawgrad.hcq.queue import sym_eval
 from rawgrad.tensor import realize as _realize
 from rawgrad.tensor.buffers import DeviceMemory, device_memory, new_buffer
 from rawgrad.tensor.interpret import is_realized
-from rawgrad.tensor.tensor import Tensor
+from rawgrad.tensor.tensor import Tensor, pending_view_assigns
 
 __all__ = ["JitError", "TinyJit"]
 
@@ -334,7 +334,7 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     try:
         with _realize.capture_launches() as record:
             ret = fn(*args, **kwargs)
-            outs = _collect_tensors(ret)
+            outs = _collect_tensors(ret) + pending_view_assigns()  # writes into state belong to this call
             if outs:
                 Tensor.realize(*outs)
     finally:
@@ -545,7 +545,7 @@ class TinyJit(Generic[ReturnT]):
     def _eager(self, args: Sequence[Any], kwargs: dict[str, Any]) -> ReturnT:
         assert self.fn is not None
         ret = self.fn(*args, **kwargs)
-        outs = _collect_tensors(ret)
+        outs = _collect_tensors(ret) + pending_view_assigns()
         if outs:
             Tensor.realize(*outs)
         return ret

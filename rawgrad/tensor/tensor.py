@@ -85,6 +85,12 @@ def _symbolic_window(it: Any, size: Any, dim: int) -> tuple[Any, Any] | None:
     return start, end
 
 
+def pending_view_assigns() -> list[Tensor]:
+    """Every assign into a view not yet run, in the order made (TinyJit runs them at the end of a call,
+    so a write into state that the function does not read back still lands in that call)."""
+    return [t for _, t in sorted(_pending_view_assigns.values(), key=lambda e: e[0])]
+
+
 def _view_assigns_read_by(tensors: Sequence[Tensor]) -> list[Tensor]:
     """The pending assigns into views (x[:, p:p+1].assign(row)) whose buffer these tensors read, or that
     such an assign's own value reads, in the order they were made.
