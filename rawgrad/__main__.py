@@ -120,7 +120,7 @@ def infer_gpt2(tokens: int, weights: str | None, prompt: list[int], temperature:
 
     t0 = time.perf_counter()
     if weights:
-        model = gpt2.GPT2.from_pretrained(weights)
+        model = gpt2.GPT2.from_pretrained(weights, progress=ProgressBar(f"loading {weights}"))
         what = weights
     else:
         cfg = gpt2.GPT2Config.gpt2_124m() if size == "124m" else gpt2.GPT2Config.tiny()

@@ -450,11 +450,21 @@ def checkpoint_files(path: str) -> tuple[list[str], str | None]:
     return [path], cfg if os.path.isfile(cfg) else None
 
 
-def load_safetensors(files: list[str], device: str | None) -> dict[str, Tensor]:
-    from rawgrad.nn.state import safe_load  # the reader lives with the other state helpers
-    out: dict[str, Tensor] = {}
+def load_safetensors(files: list[str], device: str | None,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Tensor]:
+    """Every tensor of the checkpoint shards; `progress(done, total)` counts bytes over all shards."""
+    from rawgrad.nn.state import SafetensorsFile, safe_load  # the reader lives with the state helpers
+    sizes = []
     for f in files:
-        part = safe_load(f, device=device)
+        with SafetensorsFile(f) as sf:
+            sizes.append(sum(i.end - i.begin for i in sf.tensors.values()))
+    total, before = sum(sizes), 0
+    out: dict[str, Tensor] = {}
+    for f, size in zip(files, sizes):
+        report = None if progress is None else \
+            (lambda done, _t, base=before: progress(base + done, total))  # type: ignore[misc]
+        part = safe_load(f, device=device, progress=report)
+        before += size
         dup = sorted(set(out) & set(part))
         if dup:
             raise ValueError(f"{f}: tensors {dup[:4]} also appear in another shard")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -238,14 +239,15 @@ class GPT2(DecoderLM):
         return model
 
     @classmethod
-    def from_pretrained(cls, path: str, config: GPT2Config | None = None, device: str | None = None) -> GPT2:
+    def from_pretrained(cls, path: str, config: GPT2Config | None = None, device: str | None = None,
+                        progress: Callable[[int, int], None] | None = None) -> GPT2:
         """Load a Hugging Face GPT-2 checkpoint: a .safetensors file, or a directory holding
         model.safetensors (or shards *.safetensors) and, unless `config` is given, config.json."""
         files, cfg_file = checkpoint_files(path)
         if config is None and cfg_file is not None:
             with open(cfg_file) as f:
                 config = GPT2Config.from_hf(json.load(f))
-        return cls.from_hf_state_dict(load_safetensors(files, device), config, device)
+        return cls.from_hf_state_dict(load_safetensors(files, device, progress), config, device)
 
     @staticmethod
     def load_decoder(path: str, *, allow_untrusted: bool = False) -> SavedDecoder:

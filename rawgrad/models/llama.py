@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,8 +273,8 @@ class Llama(DecoderLM):
         return model
 
     @classmethod
-    def from_pretrained(cls, path: str, config: LlamaConfig | None = None,
-                        device: str | None = None) -> Llama:
+    def from_pretrained(cls, path: str, config: LlamaConfig | None = None, device: str | None = None,
+                        progress: Callable[[int, int], None] | None = None) -> Llama:
         """Load a Hugging Face LLaMA checkpoint: a .safetensors file or a directory (model.safetensors or
         shards), with config.json beside it unless `config` is given."""
         files, cfg_file = checkpoint_files(path)
@@ -285,7 +286,7 @@ class Llama(DecoderLM):
             if raw.get("rope_scaling"):
                 raise ValueError(f"{cfg_file}: rope_scaling {raw['rope_scaling']!r} is not supported")
             config = LlamaConfig.from_hf(raw)
-        return cls.from_hf_state_dict(load_safetensors(files, device), config, device)
+        return cls.from_hf_state_dict(load_safetensors(files, device, progress), config, device)
 
     @staticmethod
     def load_decoder(path: str, *, allow_untrusted: bool = False) -> SavedDecoder:
