@@ -48,3 +48,14 @@ def PROFILE() -> bool:  # noqa: N802
 def PROFILE_OUT() -> str:  # noqa: N802
     """Where PROFILE=1 writes its Chrome trace at exit (a .png beside it too when matplotlib is there)."""
     return os.environ.get("PROFILE_OUT") or os.path.join(".", "rawgrad_profile.json")
+
+
+def NV_MOCK() -> bool:  # noqa: N802
+    """NV_MOCK=1 makes the NV device run on the mock kernel driver + mock GPU (rawgrad.drivers.nv.mock)
+    instead of /dev/nvidiactl. Only ever used when asked for: auto-detection never picks the mock."""
+    return getenv_int("NV_MOCK") != 0
+
+
+def NV_MOCK_PROFILE() -> str:  # noqa: N802
+    """Which mock GPU NV_MOCK=1 emulates: "h100" (Hopper, QMD V04; the default) or "ampere" (GA102, V03)."""
+    return (os.environ.get("NV_MOCK_PROFILE") or "h100").lower()

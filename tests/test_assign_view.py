@@ -196,3 +196,11 @@ def test_tinyjit_runs_a_view_write_the_function_does_not_read_back() -> None:
         got = state.numpy()
         np.testing.assert_array_equal(got[:p + 1, 0], np.arange(1, p + 2, dtype=np.float32))
     assert len(write.captures) == 1
+
+
+def test_realizing_a_reader_together_with_the_write_runs_the_write_first() -> None:
+    buf = Tensor(np.zeros(4, np.float32)).contiguous().realize()
+    write = buf[1:2].assign(Tensor(np.ones(1, np.float32)))
+    total = buf.sum()
+    Tensor.realize(total, write)  # the reader is listed first; the write must still run before it
+    assert total.item() == 1.0

@@ -334,7 +334,7 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     try:
         with _realize.capture_launches() as record:
             ret = fn(*args, **kwargs)
-            outs = _collect_tensors(ret) + pending_view_assigns()  # writes into state belong to this call
+            outs = pending_view_assigns() + _collect_tensors(ret)  # this call's writes into state
             if outs:
                 Tensor.realize(*outs)
     finally:
@@ -545,7 +545,7 @@ class TinyJit(Generic[ReturnT]):
     def _eager(self, args: Sequence[Any], kwargs: dict[str, Any]) -> ReturnT:
         assert self.fn is not None
         ret = self.fn(*args, **kwargs)
-        outs = _collect_tensors(ret) + pending_view_assigns()
+        outs = pending_view_assigns() + _collect_tensors(ret)
         if outs:
             Tensor.realize(*outs)
         return ret

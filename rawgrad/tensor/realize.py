@@ -106,9 +106,9 @@ def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
     """Lower, render, compile and load `ast` for `device`, once per (ast, device)."""
     key = (ast, device)
     hit = _kernel_cache.get(key)
-    if hit is not None:
-        return hit
     dev = Device[device]
+    if hit is not None and hit.program.device is dev:  # not a program of a closed, reopened device
+        return hit
     if dev.renderer is None:
         raise RuntimeError(f"device {device} has no renderer: it cannot run kernels")
     linear = dev.renderer.lower(ast, _symbol_name(name))

@@ -569,7 +569,12 @@ class Tensor:
         from rawgrad.tensor.interpret import is_realized
         asked = (self, *others)
         if _pending_view_assigns:
-            asked = (*_view_assigns_read_by(asked), *asked)  # the writes first: the schedule keeps order
+            # the writes first (the schedule keeps order): those these tensors read, then the asked ones in
+            # the order they were made, then the rest
+            writes = sorted((t for t in asked if id(t) in _pending_view_assigns),
+                            key=lambda t: _pending_view_assigns[id(t)][0])
+            others = tuple(t for t in asked if id(t) not in _pending_view_assigns)
+            asked = (*_view_assigns_read_by(asked), *writes, *others)
         tensors = [t for t in asked if not is_realized(t.uop)]
         if not tensors:
             return self

@@ -11,7 +11,7 @@ import pytest
 from rawgrad.drivers.nv import pushbuf as pb
 from rawgrad.drivers.nv.device import NVDevice
 from rawgrad.drivers.nv.gpfifo import DeviceTimeout, NVChannelError, read_u32, read_u64, write_u64
-from rawgrad.drivers.nv.mock import H100, MockNV, MockUnsupported
+from rawgrad.drivers.nv.mock import H100, MockNV
 
 from .conftest import make_device
 
@@ -207,18 +207,17 @@ def test_qmd_launch_is_recorded_not_run(dev: NVDevice, mock: MockNV, profile) ->
     assert len(launch.qmd) == (384 if profile is H100 else 256) and launch.qmd[:4] == bytes([0, 1, 2, 3])
 
 
-def test_kernel_execution_request_raises_mock_unsupported() -> None:
+def test_garbage_qmd_faults_when_kernels_execute() -> None:
     m = MockNV(H100, execute_kernels=True)
     d = make_device(m)
     try:
-        _, q = _launch(d)
+        qva, q = _launch(d)  # 0, 1, 2, ... is no QMD: the version field is wrong
         d.compute.submit(q)
-        with pytest.raises(NVChannelError):
+        with pytest.raises(NVChannelError, match="Xid-style code\\) 13"):
             d.compute.wait_idle(timeout_s=5)
-        assert isinstance(m.gpu.faults[0], MockUnsupported) and isinstance(
-            m.gpu.faults[0], NotImplementedError
-        )
-        assert "kernel execution is not emulated" in str(m.gpu.faults[0])
+        f = m.gpu.faults[0]
+        assert f.kind == "GR" and f.va == qva  # rejected while decoding (QMD_TYPE 6 is no grid launch)
+        assert f.method == pb.NVC7C0_SEND_SIGNALING_PCAS2_B
     finally:
         d.close()
         m.shutdown()

@@ -564,9 +564,13 @@ class NVDevice:
     # ==========================================================================================
     # Signals, timer, waits
     def alloc_signal(self) -> int:
-        """A zeroed 16-byte signal slot (u64 value, u64 timestamp) in host memory; returns its address."""
+        """A zeroed 16-byte signal slot (u64 value, u64 timestamp) in host memory; returns its address.
+
+        When every slot is taken another host page is registered (freed with the device)."""
         if not self._free_slots:
-            raise MemoryError(f"{self.name}: signal page exhausted")
+            page = self.alloc_host(SIGNAL_PAGE_BYTES)
+            self._free_slots = list(range(page.va + SIGNAL_PAGE_BYTES - SIGNAL_SLOT_BYTES, page.va - 1,
+                                          -SIGNAL_SLOT_BYTES))
         addr = self._free_slots.pop()
         write_u64(addr, 0)
         write_u64(addr + 8, 0)

@@ -16,6 +16,9 @@ _ffi = cffi.FFI()
 
 SPIN_ITERATIONS = 200  # polls before a wait starts sleeping
 MAX_SLEEP_S = 0.001  # longest sleep between polls
+# Every submission ends with a 64-bit release of the channel's retirement counter: header + 5 data dwords
+# (SEM_ADDR_LO .. SEM_EXECUTE; NV-FACTS 4.6).
+RETIRE_BYTES = 4 * 6
 
 
 class DeviceTimeout(TimeoutError):
@@ -45,6 +48,16 @@ def write_u64(addr: int, value: int) -> None:
 def write_words(addr: int, words: list[int]) -> None:
     arr = _ffi.new("uint32_t[]", words)
     _ffi.memmove(_ffi.cast("void *", addr), arr, 4 * len(words))
+
+
+def write_bytes(addr: int, data: bytes) -> None:
+    _ffi.memmove(_ffi.cast("void *", addr), data, len(data))
+
+
+def _as_pb(words: list[int]) -> pbuf.PushBuffer:
+    pb = pbuf.PushBuffer()
+    pb.words.extend(words)
+    return pb
 
 
 def poll_until(
@@ -134,12 +147,13 @@ class Channel:
         )
 
     # -- submission ------------------------------------------------------------------------------
-    def _reserve_pb(self, nbytes: int) -> int:
+    def _reserve_pb(self, nbytes: int, align: int = 4) -> int:
         if nbytes > self.pb_bytes:
             raise ValueError(
                 f"{self.name}: submission of {nbytes} bytes exceeds the {self.pb_bytes}-byte pushbuffer"
             )
-        start = self.pb_head if self.pb_head + nbytes <= self.pb_bytes else 0
+        head = (self.pb_head + align - 1) // align * align
+        start = head if head + nbytes <= self.pb_bytes else 0
 
         def free() -> bool:
             done = self.retired()
@@ -155,41 +169,78 @@ class Channel:
         )
         return start
 
-    def _wait_gp_slot(self) -> None:
-        nxt = (self.put + 1) % self.entries
+    def _wait_gp_slots(self, count: int = 1) -> None:
+        def room() -> bool:
+            return (self.gp_get() - self.put - 1) % self.entries >= count
+
         poll_until(
-            lambda: self.gp_get() != nxt,
+            room,
             self.timeout_s,
-            self._describe("a free GPFIFO entry", f"GPGet != {nxt}"),
+            self._describe("a free GPFIFO entry", f"{count} free after GPPut {self.put}"),
             self.check_error,
         )
 
-    def submit(self, pb: pbuf.PushBuffer) -> int:
+    def _retire_words(self, value: int, wfi: bool) -> list[int]:
+        return pbuf.sem_release(pbuf.PushBuffer(), self.host, self.retire_addr, value, timestamp=False,
+                                wfi=wfi).words
+
+    def submit(self, pb: pbuf.PushBuffer, *, retire_wfi: bool = False) -> int:
         """Copy ``pb`` into the pushbuffer ring, append a retirement release, ring the doorbell.
 
         Returns the retirement value; the pushbuffer space is reused only after the GPU reaches it.
         """
+        start = self.reserve(4 * len(pb))
+        return self.commit(start, pbuf.PushBuffer().extend(pb).to_bytes(), retire_wfi=retire_wfi)
+
+    def reserve(self, nbytes: int, align: int = 4) -> int:
+        """Reserve ``nbytes`` (plus the retirement release) of ring space at an ``align``-aligned offset.
+
+        The caller must ``commit`` it before any other submission on this channel. Both waits happen before
+        any state changes, so a timeout leaves the channel consistent.
+        """
         self.check_error()
+        self._wait_gp_slots(1)
+        return self._reserve_pb(nbytes + RETIRE_BYTES, align)
+
+    def commit(self, start: int, data: bytes, *, retire_wfi: bool = False) -> int:
+        """Write ``data`` + a retirement release at ring offset ``start`` (from ``reserve``) and submit it.
+
+        ``retire_wfi``: the retirement waits for the engine to go idle first, needed when the work reads
+        ring memory after its methods were fetched (a QMD or constant bank embedded in the ring).
+        """
         value = self.retire_value + 1
-        full = pbuf.PushBuffer().extend(pb)
-        pbuf.sem_release(full, self.host, self.retire_addr, value, timestamp=False, wfi=False)
-        nbytes = 4 * len(full)
-        # Both waits happen before any state changes, so a timeout leaves the channel consistent.
-        self._wait_gp_slot()
-        start = self._reserve_pb(nbytes)
-        write_words(self.pb_addr + start, full.words)
-        self.inflight.append(_InFlight(value, start, start + nbytes))
-        self.pb_head = start + nbytes
+        blob = data + _as_pb(self._retire_words(value, retire_wfi)).to_bytes()
+        write_bytes(self.pb_addr + start, blob)
+        self.inflight.append(_InFlight(value, start, start + len(blob)))
+        self.pb_head = start + len(blob)
         self.retire_value = value
-        entry = pbuf.GPEntry(self.pb_addr + start, len(full)).encode()
-        write_u64(self.gpfifo_addr + self.put * pbuf.GP_ENTRY_BYTES, entry)
-        self.put = (self.put + 1) % self.entries
-        self.os.store_fence()  # ring entry + pushbuffer visible before GPPut
+        self._publish([pbuf.GPEntry(self.pb_addr + start, len(blob) // 4).encode()])
+        return value
+
+    def submit_external(self, va: int, ndwords: int, *, retire_wfi: bool = False) -> int:
+        """Run ``ndwords`` already in GPU memory at ``va`` (a bound queue), then a retirement release."""
+        self.check_error()
+        self._wait_gp_slots(2)
+        start = self._reserve_pb(RETIRE_BYTES)
+        value = self.retire_value + 1
+        blob = _as_pb(self._retire_words(value, retire_wfi)).to_bytes()
+        write_bytes(self.pb_addr + start, blob)
+        self.inflight.append(_InFlight(value, start, start + len(blob)))
+        self.pb_head = start + len(blob)
+        self.retire_value = value
+        ring = pbuf.GPEntry(self.pb_addr + start, len(blob) // 4).encode()
+        self._publish([pbuf.GPEntry(va, ndwords).encode(), ring])
+        return value
+
+    def _publish(self, entries: list[int]) -> None:
+        for entry in entries:
+            write_u64(self.gpfifo_addr + self.put * pbuf.GP_ENTRY_BYTES, entry)
+            self.put = (self.put + 1) % self.entries
+        self.os.store_fence()  # ring entries + pushbuffer visible before GPPut
         write_u32(self.userd_addr + pbuf.USERD_GP_PUT, self.put)
         self.os.store_fence()  # GPPut visible before the doorbell (NV-FACTS 4.5)
         self.os.mmio_write32(self.doorbell_addr, self.token)
         self.submissions += 1
-        return value
 
     def wait_idle(self, timeout_s: float | None = None) -> None:
         want = self.retire_value

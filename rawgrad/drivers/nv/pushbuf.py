@@ -8,6 +8,7 @@ sections 4 and 6.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -355,8 +356,6 @@ class PushBuffer:
         return self
 
     def to_bytes(self) -> bytes:
-        import struct
-
         return struct.pack(f"<{len(self.words)}I", *self.words)
 
 
@@ -471,6 +470,31 @@ def compute_bootstrap(
     shi, slo = _split64(shared_window)
     return pb.inc(
         SUBCH_COMPUTE, NVC7C0_SET_SHADER_SHARED_MEMORY_WINDOW_A, WINDOW_UPPER.put(shi, "shared window"), slo
+    )
+
+
+SHADER_LOCAL_MEMORY_UPPER = {  # SET_SHADER_LOCAL_MEMORY_A ADDRESS_UPPER width (NV-FACTS 5.1)
+    abi.HOPPER_COMPUTE_A: BitField(24, 0),  # clcbc0.h 24:0
+}
+SHADER_LOCAL_MEMORY_UPPER_DEFAULT = BitField(16, 0)  # clc6c0.h / clc7c0.h / clc9c0.h 16:0
+NON_THROTTLED_A_UPPER = BitField(7, 0)  # SET_SHADER_LOCAL_MEMORY_NON_THROTTLED_A: bytes-per-TPC bits 39:32
+NON_THROTTLED_C_MAX_SM_COUNT = BitField(8, 0)  # SET_SHADER_LOCAL_MEMORY_NON_THROTTLED_C MAX_SM_COUNT
+
+
+def shader_local_memory(
+    pb: PushBuffer, compute_cls: int, address: int, bytes_per_tpc: int, max_sm_count: int
+) -> PushBuffer:
+    """Point the compute engine at the shader-local-memory (SLM) backing buffer (NV-FACTS 2.2 step 35)."""
+    hi, lo = _split64(address)
+    upper = SHADER_LOCAL_MEMORY_UPPER.get(compute_cls, SHADER_LOCAL_MEMORY_UPPER_DEFAULT)
+    pb.inc(SUBCH_COMPUTE, NVC7C0_SET_SHADER_LOCAL_MEMORY_A, upper.put(hi, "SLM address upper"), lo)
+    thi, tlo = _split64(bytes_per_tpc)
+    return pb.inc(
+        SUBCH_COMPUTE,
+        NVC7C0_SET_SHADER_LOCAL_MEMORY_NON_THROTTLED_A,
+        NON_THROTTLED_A_UPPER.put(thi, "SLM bytes per TPC upper"),
+        tlo,
+        NON_THROTTLED_C_MAX_SM_COUNT.put(max_sm_count, "SLM max SM count"),
     )
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import cffi
+import numpy as np
 
+from rawgrad.compiler import elf
 from rawgrad.drivers.nv import abi
 
 if TYPE_CHECKING:
@@ -90,6 +92,51 @@ _COPY_UPPER_BITS = {abi.AMPERE_DMA_COPY_A: 17, abi.AMPERE_DMA_COPY_B: 17, abi.HO
 _COMPUTE_REPORT_UPPER_BITS = {abi.HOPPER_COMPUTE_A: 25}  # others: 8 (clc6c0.h SET_REPORT_SEMAPHORE_A 7:0)
 _QMD_BYTES = {abi.HOPPER_COMPUTE_A: 384}  # QMD V04 (clcbc0qmd.h); Ampere/Ada V03 = 256
 
+# --- QMD decoder (restated from NV-FACTS 5.4 / 5.5, independently of qmd.py): name -> (low bit, width) ---
+_V03 = {
+    "major": (580, 4), "minor": (576, 4),
+    "grid_x": (384, 32), "grid_y": (416, 16), "grid_z": (448, 16),
+    "block_x": (592, 16), "block_y": (608, 16), "block_z": (624, 16),
+    "registers": (648, 9), "shared": (544, 18), "sass": (1656, 8),
+    "prog_lo": (1536, 32), "prog_hi": (1568, 17),
+    "cb0_valid": (640, 1), "cb0_lo": (1024, 32), "cb0_hi": (1056, 17), "cb0_size16": (1075, 13),
+    "dep_enable": (512, 1), "dep_action": (513, 3), "dep_ptr": (480, 32),
+}
+for _i, _base in enumerate((768, 896)):  # RELEASE0 / RELEASE1 records
+    _V03.update({f"rel{_i}_enable": (_base + 55, 1), f"rel{_i}_lo": (_base, 32),
+                 f"rel{_i}_hi": (_base + 32, 8), f"rel{_i}_p64": (_base + 61, 1),
+                 f"rel{_i}_struct": (_base + 62, 2),
+                 f"rel{_i}_pay_lo": (_base + 64, 32), f"rel{_i}_pay_hi": (_base + 96, 32)})
+_V04 = {
+    "major": (580, 4), "minor": (576, 4), "qmd_type": (23, 3),
+    "grid_x": (1024, 32), "grid_y": (1056, 16), "grid_z": (1088, 16),
+    "block_x": (1152, 16), "block_y": (1168, 16), "block_z": (1184, 16),
+    "registers": (1200, 9), "shared": (584, 18), "sass": (536, 8),
+    "prog_lo": (1216, 32), "prog_hi": (1248, 25),
+    "cb0_valid": (416, 1), "cb0_lo6": (1536, 32), "cb0_hi6": (1568, 19), "cb0_size16": (1587, 13),
+    "dep_enable": (368, 1), "dep_action": (369, 3), "dep_ptr": (448, 32),
+}
+for _i in range(3):  # RELEASE_*(i): config at 320 + 16i, semaphore record at 640 + 128i
+    _c, _r = 320 + 16 * _i, 640 + 128 * _i
+    _V04.update({f"rel{_i}_enable": (_c, 1), f"rel{_i}_struct": (_c + 1, 2), f"rel{_i}_p64": (_c + 12, 1),
+                 f"rel{_i}_lo": (_r, 32), f"rel{_i}_hi": (_r + 32, 25),
+                 f"rel{_i}_pay_lo": (_r + 64, 32), f"rel{_i}_pay_hi": (_r + 96, 32)})
+_QMD_LAYOUTS = {4: (_V04, 3), 3: (_V03, 2)}  # major version -> (fields, release slots)
+_QMD_TYPES_OK = (0, 2)  # V04 QMD_TYPE: NVK leaves 0, GRID_CTA is 2 (NV-FACTS 5.5)
+_SCHEDULING_PCAS_ACTIONS = (2, 3, 9, 0xA, 0xB)  # PCAS actions that schedule the QMD (NV-FACTS 5.2)
+_DEPENDENT_SCHEDULE = 1  # DEPENDENT_QMD0_ACTION_QMD_SCHEDULE
+_MAX_CHAIN = 1 << 16  # dependent-QMD chain length before the mock calls it a loop
+_SHARED_RESERVED = 0x400  # sm_80+: SHARED_MEMORY_SIZE counts the reserved KiB (NV-FACTS 5.6)
+_MAX_REGISTERS = 255
+_MAX_BLOCK_THREADS = 1024
+_RELEASE_FOUR_WORDS = 0
+# Constant bank 0 (NV-FACTS 7.4): block dims at 0x00, grid dims at 0x0C; parameters from 0x160 (sm_8x) or
+# 0x210 (sm_90).
+_CB_BLOCK, _CB_GRID = 0x00, 0x0C
+_PARAM_OFFSET_BY_SM_MAJOR = {8: 0x160, 9: 0x210}
+_PTX_SECTION = ".rawgrad.ptx"
+_TEXT_PREFIX = ".text."
+
 
 class MockGPUFault(Exception):
     """What a hardware fault would report: channel, kind, offending method and addresses."""
@@ -122,12 +169,16 @@ class MockUnsupported(MockGPUFault, NotImplementedError):
 
 @dataclass
 class MockLaunch:
-    """A compute launch seen by the front end (kernels are recorded, not run)."""
+    """A compute launch seen by the front end (`chained`: started by a previous QMD, not SEND_PCAS)."""
 
     channel: int
     qmd_va: int
     qmd: bytes
     pcas_action: int
+    chained: bool = False
+    entry: str | None = None  # the kernel that ran (execute_kernels only)
+    grid: tuple[int, int, int] | None = None
+    block: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -162,8 +213,11 @@ class ChannelState:
 class MockGPU:
     """Front end for one mock GPU; all state is guarded by the owning kernel mock's lock."""
 
-    def __init__(self, lock: threading.RLock, *, execute_kernels: bool = False, poll_s: float = 0.0005):
+    def __init__(self, lock: threading.RLock, *, execute_kernels: bool = False, poll_s: float = 0.0005,
+                 sm_version: int = 0x900):
         self.lock = lock
+        self.sm_version = sm_version
+        self._modules: dict[bytes, Any] = {}  # PTX source -> parsed interpreter module
         self.cv = threading.Condition(lock)
         self.channels: dict[int, ChannelState] = {}
         self.faults: list[MockGPUFault] = []
@@ -497,15 +551,15 @@ class MockGPU:
             qmd_va = ch.regs.get((cls, 0x2B4), 0) << 8  # type: ignore[call-overload]
             n = _QMD_BYTES.get(cls, 256)
             qmd = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, qmd_va, n)), n))
-            self.launches.append(MockLaunch(ch.handle, qmd_va, qmd, data & 0xF))
-            if self.execute_kernels:
-                raise MockUnsupported(
-                    "GR",
-                    "kernel execution is not emulated (QMD launch recorded only)",
-                    method=method,
-                    pb_address=pb_addr,
-                    va=qmd_va,
-                )
+            action = data & 0xF
+            self.launches.append(MockLaunch(ch.handle, qmd_va, qmd, action))
+            if self.execute_kernels and action in _SCHEDULING_PCAS_ACTIONS:
+                try:
+                    self._run_qmds(ch, cls, qmd_va)
+                except MockGPUFault as f:
+                    if f.method is None:
+                        f.method, f.pb_address = method, pb_addr
+                    raise
         elif method == 0x1B0C:  # SET_REPORT_SEMAPHORE_D: OPERATION 1:0, STRUCTURE_SIZE 28 (1 = one word)
             if data & 3 != 0:
                 raise MockUnsupported(
@@ -573,3 +627,218 @@ class MockGPU:
                 )
             payload = r.get((cls, 0x248), 0) | ((r.get((cls, 0x24C), 0) << 32) if is64 else 0)
             self._semaphore_write(ch, va, payload, is64, sem == 2)
+
+    # -- kernel execution ------------------------------------------------------------------------------
+    def _run_qmds(self, ch: ChannelState, cls: int, qmd_va: int) -> None:
+        """Run the QMD at `qmd_va` and every QMD it schedules through DEPENDENT_QMD0."""
+        n = _QMD_BYTES.get(cls, 256)
+        want_major = 4 if n == 384 else 3
+        for step in range(_MAX_CHAIN):
+            if step:
+                qmd = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, qmd_va, n)), n))
+            else:
+                qmd = self.launches[-1].qmd
+            q = _QMDView(qmd)
+            major = q.get(_V04["major"])
+            if major != want_major:
+                raise _gr_fault(f"QMD at {qmd_va:#x} has major version {major}; class {cls:#x} takes "
+                                f"{want_major}", qmd_va)
+            fields, slots = _QMD_LAYOUTS[major]
+            if step:
+                self.launches.append(MockLaunch(ch.handle, qmd_va, qmd, _DEPENDENT_SCHEDULE, chained=True))
+            self._run_kernel(ch, q, fields, qmd_va)
+            self._qmd_releases(ch, q, fields, slots, qmd_va)
+            if not q.get(fields["dep_enable"]):
+                return
+            if q.get(fields["dep_action"]) != _DEPENDENT_SCHEDULE:
+                raise MockUnsupported("GR", f"dependent QMD action {q.get(fields['dep_action'])}", va=qmd_va)
+            qmd_va = q.get(fields["dep_ptr"]) << 8
+        raise _gr_fault(f"dependent-QMD chain longer than {_MAX_CHAIN} (a loop?)", qmd_va)
+
+    def _run_kernel(self, ch: ChannelState, q: _QMDView, f: dict[str, tuple[int, int]], qmd_va: int) -> None:
+        if f is _V04 and q.get(f["qmd_type"]) not in _QMD_TYPES_OK:
+            raise _gr_fault(f"QMD_TYPE {q.get(f['qmd_type'])} is not a grid launch", qmd_va)
+        sass = q.get(f["sass"])
+        want_sass = ((self.sm_version & 0xF00) >> 4) | (self.sm_version & 0xF)
+        if sass != want_sass:
+            raise _gr_fault(f"SASS_VERSION {sass:#x} does not match this GPU ({want_sass:#x})", qmd_va)
+        grid = (q.get(f["grid_x"]), q.get(f["grid_y"]), q.get(f["grid_z"]))
+        block = (q.get(f["block_x"]), q.get(f["block_y"]), q.get(f["block_z"]))
+        if min(grid) < 1 or min(block) < 1 or block[0] * block[1] * block[2] > _MAX_BLOCK_THREADS:
+            raise _gr_fault(f"bad launch shape: grid {grid}, block {block}", qmd_va)
+        regs = q.get(f["registers"])
+        if not 1 <= regs <= _MAX_REGISTERS:
+            raise _gr_fault(f"REGISTER_COUNT {regs} is outside 1..{_MAX_REGISTERS}", qmd_va)
+        if q.get(f["shared"]) < _SHARED_RESERVED:
+            raise _gr_fault(f"SHARED_MEMORY_SIZE {q.get(f['shared']):#x} lacks the reserved "
+                            f"{_SHARED_RESERVED:#x}", qmd_va)
+        if not q.get(f["cb0_valid"]):
+            raise _gr_fault("constant buffer 0 is not valid", qmd_va)
+        if f is _V04:
+            bank_va = ((q.get(f["cb0_hi6"]) << 32) | q.get(f["cb0_lo6"])) << 6
+        else:
+            bank_va = (q.get(f["cb0_hi"]) << 32) | q.get(f["cb0_lo"])
+        bank_size = q.get(f["cb0_size16"]) << 4
+        param_off = _PARAM_OFFSET_BY_SM_MAJOR.get(self.sm_version >> 8, 0)
+        if bank_size <= param_off:
+            raise _gr_fault(f"constant bank 0 of {bank_size} bytes has no room for parameters at "
+                            f"{param_off:#x}", qmd_va)
+        bank = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, bank_va, bank_size)), bank_size))
+        prefix = np.frombuffer(bank[:_CB_GRID + 12], dtype=np.uint32)
+        # compiled SASS reads blockDim/gridDim from bank 0: a wrong prefix would be a wrong kernel
+        if tuple(int(x) for x in prefix[:3]) != block or tuple(int(x) for x in prefix[3:6]) != grid:
+            raise _gr_fault(f"constant bank 0 says block {tuple(prefix[:3])} grid {tuple(prefix[3:6])}, the "
+                            f"QMD "
+                            f"says block {block} grid {grid}", qmd_va)
+        prog_va = (q.get(f["prog_hi"]) << 32) | q.get(f["prog_lo"])
+        entry, ptx = self._find_program(ch, prog_va)
+        launch = self.launches[-1]
+        launch.entry, launch.grid, launch.block = entry, grid, block  # type: ignore[assignment]
+        module = self._module(ptx, prog_va)
+        memory = MockGlobalMemory(self, ch)
+        try:
+            module.launch(entry, grid, block, bank[param_off:], memory)
+        except MockGPUFault:
+            raise
+        except Exception as e:  # an interpreter error is a kernel fault, never a dead GPU thread
+            inner = _fault_in_chain(e)
+            if inner is not None:
+                raise inner from e
+            raise _gr_fault(f"kernel {entry} failed: {type(e).__name__}: {e}", qmd_va) from e
+
+    def _find_program(self, ch: ChannelState, prog_va: int) -> tuple[str, str]:
+        """The kernel whose code starts at `prog_va`: the image is the ELF at the start of that mapping."""
+        space = ch.vaspace.data.get("uvm")
+        m = space.lookup(prog_va) if space is not None else None
+        if m is None:
+            raise MockGPUFault("MMU_FAULT", "program address is not mapped", va=prog_va, xid=XID_MMU_FAULT)
+        image = bytes(_ffi.buffer(_ffi.cast("char *", m.mem.host_addr + m.offset), m.length))
+        try:
+            f = elf.ElfFile.parse(image)
+        except elf.ElfError as e:
+            raise _gr_fault(f"no kernel image at the program address's mapping: {e}", prog_va) from e
+        off = prog_va - m.va
+        entry = next((s.name[len(_TEXT_PREFIX):] for s in f.sections
+                      if s.name.startswith(_TEXT_PREFIX) and s.offset == off), None)
+        if entry is None:
+            raise _gr_fault(f"program address is at image offset {off:#x}, not the start of a .text section",
+                            prog_va)
+        try:
+            ptx = f.section(_PTX_SECTION).data.decode()
+        except elf.ElfError as e:
+            raise MockUnsupported("GR", f"kernel {entry} has no {_PTX_SECTION} section to interpret",
+                                  va=prog_va) from e
+        return entry, ptx
+
+    def _module(self, ptx: str, prog_va: int) -> Any:
+        key = ptx.encode()
+        mod = self._modules.get(key)
+        if mod is None:
+            try:
+                from rawgrad.drivers.nv.mock.ptx_interp import PTXModule
+            except ImportError as e:
+                raise MockUnsupported("GR", "the PTX interpreter is not available", va=prog_va) from e
+            try:
+                mod = self._modules[key] = PTXModule(ptx)
+            except Exception as e:
+                raise _gr_fault(f"PTX rejected: {type(e).__name__}: {e}", prog_va) from e
+        return mod
+
+    def _qmd_releases(self, ch: ChannelState, q: _QMDView, f: dict[str, tuple[int, int]], slots: int,
+                      qmd_va: int) -> None:
+        for i in range(slots):
+            if not q.get(f[f"rel{i}_enable"]):
+                continue
+            if q.get(f[f"rel{i}_struct"]) != _RELEASE_FOUR_WORDS:
+                raise MockUnsupported("GR", f"QMD release {i} structure size {q.get(f[f'rel{i}_struct'])}",
+                                      va=qmd_va)
+            va = (q.get(f[f"rel{i}_hi"]) << 32) | q.get(f[f"rel{i}_lo"])
+            payload = (q.get(f[f"rel{i}_pay_hi"]) << 32) | q.get(f[f"rel{i}_pay_lo"])
+            try:
+                self._semaphore_write(ch, va, payload, bool(q.get(f[f"rel{i}_p64"])), True)
+            except MockGPUFault as e:
+                e.xid = XID_MMU_FAULT if e.kind == "MMU_FAULT" else XID_GR_EXCEPTION
+                raise
+
+
+class _QMDView:
+    """Bit-field reads over a QMD's bytes."""
+
+    def __init__(self, qmd: bytes) -> None:
+        self.value = int.from_bytes(qmd, "little")
+
+    def get(self, field: tuple[int, int]) -> int:
+        lo, width = field
+        return (self.value >> lo) & ((1 << width) - 1)
+
+
+def _gr_fault(message: str, va: int) -> MockGPUFault:
+    return MockGPUFault("GR", message, va=va, xid=XID_GR_EXCEPTION)
+
+
+def _fault_in_chain(e: BaseException) -> MockGPUFault | None:
+    seen = 0
+    cur: BaseException | None = e
+    while cur is not None and seen < 16:
+        if isinstance(cur, MockGPUFault):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return None
+
+
+class MockGlobalMemory:
+    """The interpreter's `GlobalMemory` over a channel's GPU mappings; unmapped accesses are MMU faults."""
+
+    def __init__(self, gpu: MockGPU, ch: ChannelState) -> None:
+        space = ch.vaspace.data.get("uvm")
+        if space is None:
+            raise MockGPUFault("MMU_FAULT", "channel VA space is not registered with UVM", xid=XID_MMU_FAULT)
+        self._maps = list(space._maps)  # sorted by VA; fixed while the GPU thread holds the lock
+        self._starts = np.array([m.va for m in self._maps], dtype=np.uint64)
+        self._views: dict[int, np.ndarray] = {}
+
+    def _view(self, k: int) -> np.ndarray:
+        v = self._views.get(k)
+        if v is None:
+            m = self._maps[k]
+            raw = _ffi.buffer(_ffi.cast("char *", m.mem.host_addr + m.offset), m.length)
+            v = np.frombuffer(raw, np.uint8)
+            self._views[k] = v
+        return v
+
+    def _locate(self, addr: np.ndarray, size: int, what: str) -> np.ndarray:
+        which = np.searchsorted(self._starts, addr, side="right").astype(np.int64) - 1
+        bad = which < 0
+        if not bad.any():
+            ends = np.array([m.va + m.length for m in self._maps], dtype=np.uint64)
+            bad = addr + np.uint64(size) > ends[which]
+        if bad.any():
+            va = int(addr[bad][0])
+            raise MockGPUFault("MMU_FAULT", f"kernel {what} of {size} bytes at unmapped GPU VA", va=va,
+                               xid=XID_MMU_FAULT)
+        return which
+
+    def load(self, addresses: np.ndarray, dtype: Any) -> np.ndarray:
+        dt = np.dtype(dtype)
+        addr = np.asarray(addresses, dtype=np.uint64).reshape(-1)
+        which = self._locate(addr, dt.itemsize, "load")
+        out = np.empty((addr.size, dt.itemsize), np.uint8)
+        lanes = np.arange(dt.itemsize, dtype=np.int64)
+        for k in np.unique(which):
+            sel = which == k
+            off = (addr[sel] - np.uint64(self._maps[int(k)].va)).astype(np.int64)
+            out[sel] = self._view(int(k))[off[:, None] + lanes]
+        return out.view(dt).reshape(np.shape(addresses))
+
+    def store(self, addresses: np.ndarray, values: np.ndarray) -> None:
+        vals = np.ascontiguousarray(values).reshape(-1)
+        size = vals.dtype.itemsize
+        addr = np.asarray(addresses, dtype=np.uint64).reshape(-1)
+        which = self._locate(addr, size, "store")
+        raw = vals.view(np.uint8).reshape(-1, size)
+        lanes = np.arange(size, dtype=np.int64)
+        for k in np.unique(which):
+            sel = which == k
+            off = (addr[sel] - np.uint64(self._maps[int(k)].va)).astype(np.int64)
+            self._view(int(k))[off[:, None] + lanes] = raw[sel]

@@ -264,7 +264,7 @@ class MockNV:
         self.profile, self.version, self.minor = profile, version, minor
         self.abi = abi.abi_for_branch("580")  # the mock *is* a 580 driver, whatever version string it reports
         self.lock = threading.RLock()
-        self.gpu = MockGPU(self.lock, execute_kernels=execute_kernels)
+        self.gpu = MockGPU(self.lock, execute_kernels=execute_kernels, sm_version=profile.sm_version)
         self.real = osapi.LibcOS()
         self.fds: dict[int, FdState] = {}
         self._next_fd = _FD_BASE

@@ -1,0 +1,436 @@
+"""Kernel images for the NV device: PTX -> ELF (cubin when nvJitLink is present), and what a launch needs
+from an image (entry point, parameter layout, registers, shared/local memory).
+
+Every image carries the PTX it came from in a section named ``.rawgrad.ptx``. On hardware the image is a
+real cubin (nvJitLink, NV-FACTS 7.1) with that section appended; without nvJitLink (the mock) it is a small
+ELF of our own holding an empty ``.text.<kernel>`` (where the SASS would be), ``.nv.info`` records in the
+cubin format (NV-FACTS 7.2) and the PTX. One loader path reads both, so the mock exercises it.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import cffi
+
+from rawgrad.compiler import elf
+
+__all__ = ["NVCompiler", "PTXParam", "ProgramInfo", "append_section", "program_info", "write_elf"]
+
+PTX_SECTION = ".rawgrad.ptx"
+TEXT_PREFIX = ".text."
+NV_INFO = ".nv.info"  # per-function attributes keyed by symbol (SHT_CUDA_INFO)
+NV_INFO_PREFIX = ".nv.info."  # kernel attributes
+NV_SHARED_PREFIX = ".nv.shared."  # static shared memory, NOBITS (sh_size = bytes)
+REL_PREFIXES = (".rel.", ".rela.")
+
+SHT_CUDA_INFO = 0x70000000  # SHT_LOPROC + 0: cubin .nv.info sections
+ET_EXEC = 2  # cubins are ET_EXEC
+ELF_ALIGN = 8  # header tables are 8-byte aligned
+TEXT_ALIGN = 128  # code sections (and our stand-in) are 128-byte aligned (NV-FACTS 7.2)
+TEXT_STANDIN_BYTES = 128  # the PTX-only image has no SASS: a zeroed stand-in so the entry VA is inside it
+
+# .nv.info record formats and attributes (NV-FACTS 7.2)
+EIFMT_NVAL = 0x01  # no value
+EIFMT_BVAL = 0x02  # the u16 holds a byte value
+EIFMT_HVAL = 0x03  # the u16 holds the value
+EIFMT_SVAL = 0x04  # the u16 is a byte length; that many payload bytes follow
+EIATTR_PARAM_CBANK = 0x0A  # u32 sym, u16 parameter offset in bank 0, u16 parameter bytes
+EIATTR_MIN_STACK_SIZE = 0x12  # u32 sym, u32 bytes per thread
+EIATTR_CBANK_PARAM_SIZE = 0x19  # HVAL: parameter bytes
+EIATTR_REGCOUNT = 0x2F  # u32 sym, u32 registers per thread
+_RECORD = struct.Struct("<BBH")
+
+# Where kernel parameters start in constant bank 0 when the image does not say (EIATTR_PARAM_CBANK;
+# NV-FACTS 7.4): 0x160 on sm_8x, 0x210 on sm_90.
+PARAM_OFFSET_BY_MAJOR = {8: 0x160, 9: 0x210}
+# Registers a PTX-only image claims (it has no SASS, so no EIATTR_REGCOUNT from ptxas): a typical count
+# that keeps QMD REGISTER_COUNT in range; only the mock runs such an image.
+PTX_ONLY_REGISTERS = 32
+# Per-thread local memory: the stack size plus 0x240 bytes, rounded to 32 (NV-FACTS 5.6).
+LOCAL_MEMORY_EXTRA = 0x240
+LOCAL_MEMORY_ROUND = 32
+
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr
+_SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
+EHDR_BYTES = _EHDR.size
+ELF_IDENT = elf.ELF_MAGIC + bytes([elf.ELFCLASS64, elf.ELFDATA2LSB, elf.EV_CURRENT]) + bytes(9)
+
+
+def _align(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def sm_number(arch: str) -> int:
+    """"sm_90" -> 90."""
+    m = re.fullmatch(r"sm_(\d+)a?", arch)
+    if m is None:
+        raise ValueError(f"not an SM architecture name: {arch!r} (expected e.g. 'sm_90')")
+    return int(m.group(1))
+
+
+# ----------------------------------------------------------------------------------------------- ELF writer
+@dataclass
+class Section:
+    """A section to write: `data` (or, for NOBITS, just `nobits_size`)."""
+
+    name: str
+    type: int
+    flags: int = 0
+    data: bytes = b""
+    align: int = 1
+    nobits_size: int = 0
+    link: int = 0
+    info: int = 0
+    entsize: int = 0
+
+
+def write_elf(sections: list[Section], *, machine: int = elf.EM_CUDA, elf_flags: int = 0,
+              elf_type: int = ET_EXEC) -> bytes:
+    """An ELF64 little-endian file with `sections` (after the null section) and a section-name table."""
+    names = b"\0"
+    name_off: list[int] = []
+    for s in [*sections, Section(".shstrtab", elf.SHT_STRTAB)]:
+        name_off.append(len(names))
+        names += s.name.encode() + b"\0"
+    body = bytearray(EHDR_BYTES)
+    headers = [_SHDR.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)]
+    for s, off in zip(sections, name_off):
+        if s.type == elf.SHT_NOBITS:
+            headers.append(_SHDR.pack(off, s.type, s.flags, 0, len(body), s.nobits_size, s.link, s.info,
+                                      s.align, s.entsize))
+            continue
+        body += bytes(_align(len(body), s.align) - len(body))
+        headers.append(_SHDR.pack(off, s.type, s.flags, 0, len(body), len(s.data), s.link, s.info, s.align,
+                                  s.entsize))
+        body += s.data
+    strtab_off = len(body)
+    body += names
+    headers.append(_SHDR.pack(name_off[-1], elf.SHT_STRTAB, 0, 0, strtab_off, len(names), 0, 0, 1, 0))
+    body += bytes(_align(len(body), ELF_ALIGN) - len(body))
+    shoff = len(body)
+    body += b"".join(headers)
+    body[:EHDR_BYTES] = _EHDR.pack(ELF_IDENT, elf_type, machine, elf.EV_CURRENT, 0, 0, shoff, elf_flags,
+                                   EHDR_BYTES, 0, 0, _SHDR.size, len(headers), len(headers) - 1)
+    return bytes(body)
+
+
+def append_section(image: bytes, name: str, data: bytes, *, sh_type: int = elf.SHT_PROGBITS,
+                   align: int = 1) -> bytes:
+    """`image` with one more section appended; nothing already in the file moves.
+
+    The data, a new section-name table (the old one plus `name`) and a new header table go after the end
+    of the file; only e_shoff / e_shnum / e_shstrndx change. A real cubin keeps every byte where it was.
+    """
+    ehdr = list(_EHDR.unpack_from(image, 0))
+    shoff, shentsize, shnum, shstrndx = ehdr[6], ehdr[11], ehdr[12], ehdr[13]
+    if shentsize != _SHDR.size or shnum == 0 or shstrndx >= shnum:
+        raise elf.ElfError(f"cannot append to this ELF (shentsize {shentsize}, shnum {shnum}, shstrndx "
+                           f"{shstrndx})")
+    headers = [list(_SHDR.unpack_from(image, shoff + i * _SHDR.size)) for i in range(shnum)]
+    strtab = headers[shstrndx]
+    names = image[strtab[4]:strtab[4] + strtab[5]]
+    out = bytearray(image)
+    out += bytes(_align(len(out), align) - len(out))
+    data_off = len(out)
+    out += data
+    new_name = len(names)
+    names += name.encode() + b"\0"
+    strtab[4], strtab[5] = len(out), len(names)
+    out += names
+    headers.append([new_name, sh_type, 0, 0, data_off, len(data), 0, 0, align, 0])
+    out += bytes(_align(len(out), ELF_ALIGN) - len(out))
+    new_shoff = len(out)
+    out += b"".join(_SHDR.pack(*h) for h in headers)
+    ehdr[6], ehdr[12] = new_shoff, len(headers)
+    out[:EHDR_BYTES] = _EHDR.pack(*ehdr)
+    return bytes(out)
+
+
+# -------------------------------------------------------------------------------------------- .nv.info
+def info_record(attr: int, payload: bytes | None = None, value: int = 0) -> bytes:
+    """One .nv.info record: SVAL with `payload`, else HVAL with `value`."""
+    if payload is None:
+        return _RECORD.pack(EIFMT_HVAL, attr, value)
+    return _RECORD.pack(EIFMT_SVAL, attr, len(payload)) + payload
+
+
+def parse_info(data: bytes) -> list[tuple[int, int | bytes]]:
+    """Records of a .nv.info section as (attribute, value or payload bytes)."""
+    out: list[tuple[int, int | bytes]] = []
+    off = 0
+    while off + _RECORD.size <= len(data):
+        fmt, attr, val = _RECORD.unpack_from(data, off)
+        off += _RECORD.size
+        if fmt == EIFMT_SVAL:
+            if off + val > len(data):
+                raise elf.ElfError(f".nv.info record {attr:#x} runs past the section ({val} bytes at {off})")
+            out.append((attr, data[off:off + val]))
+            off += val
+        elif fmt in (EIFMT_HVAL, EIFMT_BVAL):
+            out.append((attr, val))
+        elif fmt == EIFMT_NVAL:
+            out.append((attr, 0))
+        else:
+            raise elf.ElfError(f"unknown .nv.info record format {fmt:#x} at offset {off - _RECORD.size}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ PTX signatures
+@dataclass(frozen=True)
+class PTXParam:
+    """One kernel parameter: its PTX name, type (".u64", ".s32", ...), offset in the block and size."""
+
+    name: str
+    type: str
+    offset: int
+    size: int
+
+
+_ENTRY_RE = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.S)
+_TYPE_SIZES = {"8": 1, "16": 2, "32": 4, "64": 8}
+
+
+def ptx_entries(ptx: str) -> list[str]:
+    """Names of the kernels (`.entry`) in a PTX module."""
+    return [m.group(1) for m in _ENTRY_RE.finditer(_strip_comments(ptx))]
+
+
+def _strip_comments(ptx: str) -> str:
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", ptx, flags=re.S)
+
+
+def ptx_params(ptx: str, entry: str) -> list[PTXParam]:
+    """The parameter block of kernel `entry`, laid out as the CUDA ABI does (each at its alignment)."""
+    for m in _ENTRY_RE.finditer(_strip_comments(ptx)):
+        if m.group(1) != entry:
+            continue
+        out: list[PTXParam] = []
+        offset = 0
+        for decl in filter(None, (d.strip() for d in m.group(2).split(","))):
+            tokens = decl.replace(".ptr", " .ptr").split()
+            if not tokens or tokens[0] != ".param":
+                raise ValueError(f"cannot read PTX parameter {decl!r} of {entry}")
+            name = tokens[-1]
+            count = 1
+            arr = re.fullmatch(r"(\w+)\[(\d+)\]", name)
+            if arr:
+                name, count = arr.group(1), int(arr.group(2))
+            ty = next((t for t in tokens[1:-1] if re.fullmatch(r"\.[busf](8|16|32|64)", t)), None)
+            if ty is None:
+                raise ValueError(f"PTX parameter {decl!r} of {entry} has no scalar type")
+            size = _TYPE_SIZES[ty[2:]]
+            align = size
+            if ".align" in tokens:
+                align = int(tokens[tokens.index(".align") + 1])
+            offset = _align(offset, align)
+            out.append(PTXParam(name, ty, offset, size * count))
+            offset += size * count
+        return out
+    raise ValueError(f"PTX module has no kernel {entry!r} (kernels: {ptx_entries(ptx)})")
+
+
+# ------------------------------------------------------------------------------------------ program info
+@dataclass(frozen=True)
+class ProgramInfo:
+    """What a launch needs to know about kernel `name` in an image."""
+
+    name: str
+    ptx: str
+    text_offset: int  # file offset of .text.<name>: the entry point when the file is loaded verbatim
+    text_bytes: int
+    param_offset: int  # where the parameters start in constant bank 0
+    params: tuple[PTXParam, ...]
+    registers: int
+    shared_bytes: int
+    local_bytes: int  # per-thread local memory (SHADER_LOCAL_MEMORY_HIGH_SIZE)
+    has_sass: bool
+
+    @property
+    def param_bytes(self) -> int:
+        return max((p.offset + p.size for p in self.params), default=0)
+
+
+@functools.lru_cache(maxsize=256)
+def program_info(image: bytes, name: str, arch: str) -> ProgramInfo:
+    """Read kernel `name` from an image made by NVCompiler (a cubin or a PTX-only ELF)."""
+    f = elf.ElfFile.parse(image)
+    text = f.section(TEXT_PREFIX + name)
+    if text.offset % TEXT_ALIGN:
+        raise elf.ElfError(f"{TEXT_PREFIX}{name} at file offset {text.offset:#x} is not {TEXT_ALIGN}-byte "
+                           f"aligned; the image is loaded verbatim, so its entry point would be misaligned")
+    relocs = [s.name for s in f.sections if s.name.startswith(REL_PREFIXES)]
+    if relocs:
+        raise NotImplementedError(f"kernel image needs relocations ({', '.join(relocs)}); only "
+                                  f"relocation-free kernels are loaded (NV-FACTS 7.3)")
+    ptx = f.section(PTX_SECTION).data.decode()
+    attrs: dict[int, int | bytes] = {}
+    for sec in (NV_INFO, NV_INFO_PREFIX + name):
+        if any(s.name == sec for s in f.sections):
+            attrs.update(parse_info(f.section(sec).data))
+    param_offset = PARAM_OFFSET_BY_MAJOR.get(sm_number(arch) // 10)
+    cbank = attrs.get(EIATTR_PARAM_CBANK)
+    if isinstance(cbank, bytes):
+        _sym, param_offset, _size = struct.unpack_from("<IHH", cbank)
+    if param_offset is None:
+        raise ValueError(f"no parameter offset known for {arch} and the image has no EIATTR_PARAM_CBANK")
+    regs = attrs.get(EIATTR_REGCOUNT)
+    registers = struct.unpack_from("<II", regs)[1] if isinstance(regs, bytes) else PTX_ONLY_REGISTERS
+    stack = attrs.get(EIATTR_MIN_STACK_SIZE)
+    stack_bytes = struct.unpack_from("<II", stack)[1] if isinstance(stack, bytes) else 0
+    shared = next((s.size for s in f.sections if s.name == NV_SHARED_PREFIX + name), 0)
+    return ProgramInfo(name, ptx, text.offset, text.size, param_offset, tuple(ptx_params(ptx, name)),
+                       registers, shared, _align(stack_bytes + LOCAL_MEMORY_EXTRA, LOCAL_MEMORY_ROUND),
+                       any(s.flags & elf.SHF_EXECINSTR and s.size > 0 and s.data.strip(b"\0")
+                           for s in f.sections if s.name.startswith(TEXT_PREFIX)))
+
+
+def ptx_only_image(ptx: str, arch: str) -> bytes:
+    """An ELF with the PTX and cubin-style attributes for each kernel, but no SASS (what the mock runs)."""
+    sm = sm_number(arch)
+    param_offset = PARAM_OFFSET_BY_MAJOR.get(sm // 10, 0)
+    sections: list[Section] = []
+    info = b""
+    for name in ptx_entries(ptx):
+        sections.append(Section(TEXT_PREFIX + name, elf.SHT_PROGBITS, elf.SHF_ALLOC | elf.SHF_EXECINSTR,
+                                bytes(TEXT_STANDIN_BYTES), TEXT_ALIGN))
+        nbytes = max((p.offset + p.size for p in ptx_params(ptx, name)), default=0)
+        kinfo = info_record(EIATTR_PARAM_CBANK, struct.pack("<IHH", 0, param_offset, nbytes))
+        kinfo += info_record(EIATTR_CBANK_PARAM_SIZE, value=nbytes)
+        sections.append(Section(NV_INFO_PREFIX + name, SHT_CUDA_INFO, 0, kinfo, 4))
+        info += info_record(EIATTR_REGCOUNT, struct.pack("<II", 0, PTX_ONLY_REGISTERS))
+    sections.append(Section(NV_INFO, SHT_CUDA_INFO, 0, info, 4))
+    sections.append(Section(PTX_SECTION, elf.SHT_PROGBITS, 0, ptx.encode(), 1))
+    return write_elf(sections, elf_flags=sm)  # cubin convention: e_flags low byte = SM version
+
+
+# ------------------------------------------------------------------------------------------ nvJitLink
+NVJITLINK_SUCCESS = 0  # nvJitLink.h nvJitLinkResult
+NVJITLINK_INPUT_PTX = 2  # nvJitLink.h nvJitLinkInputType (NONE 0, CUBIN 1, PTX 2); UNSURE until a GPU run
+NVJITLINK_ENV = "NVJITLINK_PATH"  # optional explicit path of libnvJitLink.so
+_NVJITLINK_FUNCS = {
+    "Create": "int {n}(void **handle, uint32_t numOptions, const char **options);",
+    "Destroy": "int {n}(void **handle);",
+    "AddData": "int {n}(void *handle, int inputType, const void *data, size_t size, const char *name);",
+    "Complete": "int {n}(void *handle);",
+    "GetLinkedCubinSize": "int {n}(void *handle, size_t *size);",
+    "GetLinkedCubin": "int {n}(void *handle, void *cubin);",
+    "GetErrorLogSize": "int {n}(void *handle, size_t *size);",
+    "GetErrorLog": "int {n}(void *handle, char *log);",
+}
+# Library versions export the API under versioned names too (__nvJitLinkCreate_12_0 ...); try plain first.
+_NVJITLINK_SUFFIXES = ["", *[f"_{major}_{minor}" for major in (13, 12) for minor in range(9, -1, -1)]]
+_NVJITLINK_SEARCH = ("/usr/local/cuda/lib64/libnvJitLink.so*", "/usr/local/cuda-*/lib64/libnvJitLink.so*",
+                     "/usr/lib/x86_64-linux-gnu/libnvJitLink.so*")
+
+
+class NVJitLinkError(RuntimeError):
+    """nvJitLink rejected the PTX; the message carries its error log."""
+
+
+class _NVJitLink:
+    """libnvJitLink through cffi (ABI mode): PTX -> cubin for one architecture."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ffi = cffi.FFI()
+        self.fn: dict[str, Any] = {}
+        for suffix in _NVJITLINK_SUFFIXES:
+            names = {k: (f"__nvJitLink{k}{suffix}" if suffix else f"nvJitLink{k}") for k in _NVJITLINK_FUNCS}
+            ffi = cffi.FFI()
+            ffi.cdef("\n".join(_NVJITLINK_FUNCS[k].format(n=n) for k, n in names.items()))
+            lib = ffi.dlopen(path)
+            try:
+                self.fn = {k: getattr(lib, n) for k, n in names.items()}
+            except AttributeError:
+                continue
+            self.ffi = ffi
+            return
+        raise OSError(f"{path} exports no nvJitLink API this driver knows")
+
+    def link(self, ptx: str, arch: str) -> bytes:
+        ffi, fn = self.ffi, self.fn
+        handle = ffi.new("void **")
+        opts = [ffi.new("char[]", f"-arch={arch}".encode())]
+        self._check(fn["Create"](handle, len(opts), ffi.new("const char *[]", opts)), "create", None)
+        try:
+            src = ptx.encode()
+            self._check(fn["AddData"](handle[0], NVJITLINK_INPUT_PTX, src, len(src), b"rawgrad.ptx"), "add",
+                        handle[0])
+            self._check(fn["Complete"](handle[0]), "complete", handle[0])
+            size = ffi.new("size_t *")
+            self._check(fn["GetLinkedCubinSize"](handle[0], size), "size", handle[0])
+            buf = ffi.new("char[]", size[0])
+            self._check(fn["GetLinkedCubin"](handle[0], buf), "cubin", handle[0])
+            return bytes(ffi.buffer(buf, size[0]))
+        finally:
+            fn["Destroy"](handle)
+
+    def _check(self, status: int, step: str, handle: Any) -> None:
+        if status == NVJITLINK_SUCCESS:
+            return
+        log = ""
+        if handle is not None:
+            n = self.ffi.new("size_t *")
+            if self.fn["GetErrorLogSize"](handle, n) == NVJITLINK_SUCCESS and n[0]:
+                buf = self.ffi.new("char[]", n[0])
+                self.fn["GetErrorLog"](handle, buf)
+                log = self.ffi.string(buf).decode(errors="replace")
+        raise NVJitLinkError(f"nvJitLink {step} failed with status {status}: {log.strip()}")
+
+
+_jitlink_lock = threading.Lock()
+_jitlink: list[_NVJitLink | None] = []
+
+
+def find_nvjitlink() -> _NVJitLink | None:
+    """The process-wide nvJitLink, or None when no libnvJitLink.so is installed."""
+    with _jitlink_lock:
+        if not _jitlink:
+            paths = [os.environ[NVJITLINK_ENV]] if os.environ.get(NVJITLINK_ENV) else []
+            for pattern in _NVJITLINK_SEARCH:
+                paths += sorted(glob.glob(pattern), reverse=True)
+            paths.append("libnvJitLink.so")  # whatever the dynamic loader finds
+            found: _NVJitLink | None = None
+            for p in paths:
+                try:
+                    found = _NVJitLink(p)
+                    break
+                except OSError:
+                    continue
+            _jitlink.append(found)
+        return _jitlink[0]
+
+
+class NVCompiler:
+    """PTX -> kernel image for one SM architecture.
+
+    With nvJitLink (`use_jitlink` None = when installed) the image is a cubin with ``.rawgrad.ptx``
+    appended; otherwise it is the PTX-only ELF only the mock GPU can run.
+    """
+
+    def __init__(self, arch: str, use_jitlink: bool | None = None) -> None:
+        sm_number(arch)
+        self.arch = arch
+        self.use_jitlink = use_jitlink
+
+    def __repr__(self) -> str:
+        return f"NVCompiler({self.arch!r})"
+
+    def compile(self, src: str) -> bytes:
+        if not ptx_entries(src):
+            raise ValueError("PTX module has no .entry kernel")
+        linker = find_nvjitlink() if self.use_jitlink is not False else None
+        if linker is None:
+            if self.use_jitlink:
+                raise RuntimeError(f"nvJitLink (libnvJitLink.so) is needed to build {self.arch} SASS; set "
+                                   f"{NVJITLINK_ENV} or install the CUDA nvJitLink library")
+            return ptx_only_image(src, self.arch)
+        return append_section(linker.link(src, self.arch), PTX_SECTION, src.encode())

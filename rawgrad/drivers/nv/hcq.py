@@ -1,0 +1,689 @@
+"""The NVIDIA GPU as an HCQ device: queues, signals, allocator and programs over the bring-up in device.py.
+
+`NVHCQDevice` owns an `NVDevice` (RM/UVM objects, the compute and copy GPFIFO channels) and speaks the HCQ
+vocabulary on top of it:
+
+- signals are 16-byte slots (u64 value, u64 timestamp) in GPU-mapped host pages (NV-FACTS 8);
+- `NVComputeQueue` encodes a pushbuffer for the compute channel: host semaphore acquire/release
+  (NV-FACTS 4.6), WFI + MEMBAR, and kernel launches as QMDs (qmd.py) that are *embedded in the queue's own
+  words* together with their constant bank 0, behind a NO_OPERATION method whose data the front end
+  discards. So a queue is one position-independent block of 32-bit words: every address inside it is
+  ``QUEUE_BASE + offset`` (a patch point resolved at submit), a captured graph is relocatable like on the
+  CPU, and patching a launch's grid, arguments or release payload is a word rewrite like any other;
+- consecutive launches are chained through DEPENDENT_QMD0 and a signal right after a launch is folded
+  into the QMD's release slot (NV-FACTS 5.2); a launch after other commands waits for idle first, so
+  kernels in one queue never overlap;
+- `NVCopyQueue` drives the copy engine; the allocator's host<->device copies go through a pinned host
+  staging buffer with it, on the device timeline.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rawgrad import config
+from rawgrad.compiler.ir import Ops, UOp, Variable
+from rawgrad.drivers.nv import pushbuf as pbuf
+from rawgrad.drivers.nv.cubin import NVCompiler, ProgramInfo, program_info
+from rawgrad.drivers.nv.device import GPU_VA_LIMIT, NVDevice
+from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, poll_until
+from rawgrad.drivers.nv.memory import NVBuffer, round_up
+from rawgrad.drivers.nv.qmd import QMD, qmd_for_class, sym_bits
+from rawgrad.drivers.osapi import LibcOS, OSInterface
+from rawgrad.hcq.allocator import Allocator, HCQBuffer
+from rawgrad.hcq.device import HCQDevice
+from rawgrad.hcq.errors import DeviceFault
+from rawgrad.hcq.memory import ffi
+from rawgrad.hcq.program import Program
+from rawgrad.hcq.queue import HWQueue, PatchPoint, Value
+from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
+
+__all__ = ["QUEUE_BASE", "NVAllocator", "NVComputeQueue", "NVCopyQueue", "NVHCQDevice", "NVProgram",
+           "open_device"]
+
+# Where a queue's words live when it runs (the pushbuffer ring slot, or the bound block): every address a
+# queue holds into itself is an expression of this, resolved at submit.
+QUEUE_BASE = Variable("nv.queue_base", 0, GPU_VA_LIMIT - 1)
+# Queues start 256-byte aligned so embedded QMDs can be (SEND_PCAS_A / DEPENDENT_QMD*_POINTER take VA >> 8).
+QUEUE_ALIGN = 256
+QMD_ALIGN_DWORDS = QUEUE_ALIGN // 4
+DWORD = 4
+DWORD_MASK = 0xFFFFFFFF
+MAX_METHOD_COUNT = (1 << 13) - 1  # NV_FIFO_DMA_METHOD_COUNT is 13 bits (NV-FACTS 4.4)
+
+# SEND_SIGNALING_PCAS2_B action (NV-FACTS 5.2): PREFETCH_SCHEDULE, tinygrad's; NVK uses 3, libcuda 0xA.
+PCAS_ACTION_PREFETCH_SCHEDULE = 9
+
+# Constant bank 0 prefix (NV-FACTS 7.4): block dims at 0x00, grid dims at 0x0C, the shared and local
+# window bases at 0x18 / 0x20, the initial stack pointer at 0x28 (0xFFFDC0 = 16 MiB - 0x240), dynamic
+# shared memory bytes at 0x2C; 0x118 (sm_8x) and 0x208 (sm_90) must stay 0 (plain-VA global accesses).
+CBANK_BLOCK_DIM = 0x00
+CBANK_GRID_DIM = 0x0C
+CBANK_SHARED_WINDOW = 0x18
+CBANK_LOCAL_WINDOW = 0x20
+CBANK_STACK_POINTER = 0x28
+CBANK_DYNAMIC_SHARED = 0x2C
+INITIAL_STACK_POINTER = 0xFFFDC0
+CBANK_ALIGN = 64  # V04 binds bank VA >> 6; V03 is happy with it too
+
+# Launch shape: one thread per global index; this many threads per block unless the renderer says.
+DEFAULT_THREADS_PER_BLOCK = 128
+MAX_THREADS_PER_BLOCK = 1024  # NV-FACTS 5.6 launch limits
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+# Shader local memory (NV-FACTS 5.6): per-thread bytes with no stack, and the SLM buffer rounding.
+SLM_PER_THREAD = 0x240
+SLM_WARP_THREADS = 32
+SLM_THREAD_ROUND = 0x200
+SLM_TPC_ROUND = 0x8000
+SLM_TOTAL_ROUND = 0x20000
+SLM_MAX_SM_COUNT = 0xFF
+
+# Host<->device copies go through this much pinned host memory at a time.
+STAGING_BYTES = 2 << 20
+# An image is loaded with one spare page after it: instruction prefetch may run past the end (NV-FACTS 7.2).
+IMAGE_GUARD_BYTES = 0x1000
+PAGE = 0x1000
+# How long close() lets queued work drain before tearing the device down.
+CLOSE_DRAIN_S = 2.0
+
+
+def _lo32(v: Value) -> Value:
+    return v & DWORD_MASK if isinstance(v, int) else v  # a patch point keeps the low 32 bits itself
+
+
+def _hi32(v: Value) -> Value:
+    return sym_bits(v, 32, 32)
+
+
+class _NVQueue(HWQueue):
+    """What both NV queues share: 32-bit pushbuffer words, host semaphores, bind and submit."""
+
+    WORD_BITS = 32
+
+    def __init__(self, device: NVHCQDevice) -> None:
+        super().__init__()
+        self.device = device
+        self._block: NVBuffer | None = None  # the bound copy of the words
+        self._start = 0  # ring offset reserved by the current unbound submit
+        self._retire: list[int] = [0]  # the channel retirement value of the last submit (shared w/ finalizer)
+
+    def _channel(self, dev: NVHCQDevice) -> Channel:
+        raise NotImplementedError
+
+    # -- encoding helpers --------------------------------------------------------------------------------
+    def _method(self, subch: int, method: int, *data: Value) -> int:
+        """An incrementing method with `data` (ints or symbolic 32-bit words); returns the header index."""
+        at = self._emit(pbuf.MethodHeader(pbuf.SecOp.INC_METHOD, subch, method, len(data)).encode())
+        if data:
+            self._emit(*data)
+        return at
+
+    def _host_sem(self, address: Value, payload: Value, execute: pbuf.SemExecute) -> None:
+        host = self.device.nv.host
+        if isinstance(address, int):
+            host.sem_addr_hi.put(address >> 32, "SEM_ADDR_HI")
+        self._method(pbuf.SUBCH_HOST, pbuf.NVC56F_SEM_ADDR_LO, _lo32(address), _hi32(address), _lo32(payload),
+                     _hi32(payload), execute.encode())
+
+    def _acquire(self, signal: Signal, value: Value) -> None:
+        # 64-bit wrap-around >= (tinygrad's 0x01000003 form), no TSG switch: both channels share one TSG
+        self._host_sem(signal.address, value, pbuf.SemExecute(pbuf.SemOp.ACQ_CIRC_GEQ, payload_64bit=True))
+
+    def _release(self, address: Value, value: Value, *, timestamp: bool) -> None:
+        ex = pbuf.SemExecute(pbuf.SemOp.RELEASE, payload_64bit=True, release_wfi=True,
+                             release_timestamp=timestamp)
+        self._host_sem(address, value, ex)
+
+    def _timestamp_release(self, signal: Signal) -> None:
+        # The GPU writes a 16-byte record: payload at +0, PTIMER ns at +8. The value word is set to 0, so a
+        # timestamp must not go to a signal whose value matters (the timeline).
+        if signal is self.device.timeline_signal:
+            raise ValueError(f"{self.name}: a timestamp on NV rewrites the signal's value word; use a "
+                             f"separate signal, not the {self.device.name} timeline")
+        self._release(signal.address, 0, timestamp=True)
+
+    def _barrier_words(self) -> None:
+        self._emit(*pbuf.memory_barrier(pbuf.PushBuffer()).words)
+
+    # -- bind / submit -----------------------------------------------------------------------------------
+    def _bind(self, device: Any) -> None:
+        dev = _as_nv(device)
+        words = self.words().astype(np.uint32)
+        buf = dev.nv.alloc_vram(max(words.nbytes, DWORD))  # CPU-mapped; page aligned, so QMDs stay aligned
+        view = np.frombuffer(ffi.buffer(ffi.cast("char *", buf.va), words.nbytes), dtype=np.uint32)
+        view[:] = words
+        self._bound_words = view
+        self._block = buf
+        weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._channel(dev), self._retire)
+
+    def _before_patch(self, device: Any) -> None:
+        if self._block is not None and self._retire[0]:
+            # The block is rewritten in place: its previous run must have retired.
+            ch, want = self._channel(_as_nv(device)), self._retire[0]
+            poll_until(lambda: ch.retired() >= want, ch.timeout_s,
+                       lambda: f"{self.name}: previous run (retirement {want}) never retired", ch.check_error)
+
+    def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
+        """Resolve patch points (this queue's own base address included) and submit to the channel."""
+        dev = _as_nv(device)
+        with dev.submit_lock:
+            dev.check_fault()
+            dev.reap()
+            ch = self._channel(dev)
+            if self._block is not None:
+                base = self._block.va
+            else:
+                self._start = ch.reserve(DWORD * len(self._words), QUEUE_ALIGN)
+                base = ch.pb_addr + self._start
+            vals = dict(var_vals) if var_vals else {}
+            vals[QUEUE_BASE] = base
+            return super().submit(device, vals)
+
+    def _submit(self, device: Any) -> None:
+        dev = _as_nv(device)
+        ch = self._channel(dev)
+        wfi = isinstance(self, NVComputeQueue)  # launches read their QMD and bank from the block after fetch
+        if self._block is None:
+            data = self.words().astype(np.uint32).tobytes()
+            self._retire[0] = ch.commit(self._start, data, retire_wfi=wfi)
+        elif self._words:
+            self._retire[0] = ch.submit_external(self._block.va, len(self._words), retire_wfi=wfi)
+        else:  # an empty bound queue: only the retirement release
+            self._retire[0] = ch.submit(pbuf.PushBuffer(), retire_wfi=wfi)
+
+
+def _free_block(dev_ref: weakref.ref[NVHCQDevice], buf: NVBuffer, ch: Channel, retire: list[int]) -> None:
+    dev = dev_ref()
+    if dev is not None:  # freed once the channel has retired the block's last run
+        dev.defer_free(buf, lambda: ch.retired() >= retire[0])
+
+
+class NVComputeQueue(_NVQueue):
+    """HCQ commands for the compute channel (kernels, host semaphores, barriers)."""
+
+    def __init__(self, device: NVHCQDevice) -> None:
+        super().__init__(device)
+        self._tail: tuple[QMD, int, list[Value]] | None = None  # open chain: last QMD, word index, words
+        self._wfi_pending = False  # a launch ran since the last wait-for-idle
+
+    def _channel(self, dev: NVHCQDevice) -> Channel:
+        return dev.nv.compute
+
+    def _break_chain(self) -> None:
+        self._tail = None
+
+    def _wait(self, signal: Signal, value: Value) -> None:
+        self._break_chain()
+        self._acquire(signal, value)
+
+    def _signal(self, signal: Signal, value: Value) -> None:
+        if self._tail is not None:
+            qmd, at, old = self._tail
+            if qmd.release(signal.address, value):  # released by the compute engine when the kernel is done
+                self._rewrite(at, old, qmd.words())
+                return
+        self._break_chain()
+        self._release(signal.address, value, timestamp=False)
+        self._wfi_pending = False
+
+    def _timestamp(self, signal: Signal) -> None:
+        self._break_chain()
+        self._timestamp_release(signal)
+        self._wfi_pending = False
+
+    def _memory_barrier(self) -> None:
+        self._break_chain()
+        self._barrier_words()
+        self._wfi_pending = False
+
+    def _copy(self, dst: Value, src: Value, nbytes: Value) -> None:
+        raise NotImplementedError(f"{self.name}: copies run on the copy engine; use "
+                                  f"{self.device.name}.copy_queue() (the compute channel has no copy object)")
+
+    def _exec(self, program: Program, args: list[Value], global_size: tuple[Value, ...],
+              local_size: tuple[Value, ...]) -> None:
+        dev = self.device
+        info = program_info(bytes(program.lib), program.name, dev.arch)
+        entry = getattr(program, "fn_addr", None)
+        if entry is None:
+            raise TypeError(f"{program!r} is not an NV program")
+        grid, block = dev.launch_dims(global_size, local_size)
+        bank = self._bank(info, args, grid, block)
+        qmd = dev.qmd_class()
+        qmd.launch(shared_bytes=info.shared_bytes, registers=info.registers, sass_version=dev.sass_version,
+                   local_bytes_per_thread=info.local_bytes)
+        qmd.grid(*grid).block(*block).program(entry, max(info.text_bytes, 1))
+        # The data block: NO_OPERATION header, padding to 256 bytes, the QMD, then bank 0 right after it.
+        header_at = len(self._words)
+        pad = (-(header_at + 1)) % QMD_ALIGN_DWORDS
+        qmd_at = header_at + 1 + pad
+        bank_at = qmd_at + qmd.dwords
+        count = pad + qmd.dwords + len(bank)
+        if count > MAX_METHOD_COUNT:
+            raise ValueError(f"{program.name}: a {len(bank) * DWORD}-byte argument bank does not fit "
+                             f"one method")
+        qmd.constant_buffer(0, QUEUE_BASE + DWORD * bank_at, len(bank) * DWORD)
+        qmd_va = QUEUE_BASE + DWORD * qmd_at
+        self._emit(pbuf.MethodHeader(pbuf.SecOp.NON_INC_METHOD, pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_NO_OPERATION,
+                                     count).encode())
+        self._emit(*([0] * pad))
+        words = qmd.words()
+        self._emit(*words)
+        self._emit(*bank)
+        if self._tail is not None:  # the previous launch schedules this one when it completes
+            prev, at, old = self._tail
+            prev.chain(qmd_va)
+            self._rewrite(at, old, prev.words())
+        else:
+            if self._wfi_pending:  # a launch earlier in this queue must finish before this one starts
+                self._method(pbuf.SUBCH_HOST, pbuf.NVC56F_WFI, pbuf.WFI_SCOPE_ALL)
+            self._emit(*pbuf.invalidate_shader_caches(pbuf.PushBuffer()).words)
+            self._method(pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_SEND_PCAS_A, sym_bits(qmd_va, 8, 32))
+            self._method(pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_SEND_SIGNALING_PCAS2_B,
+                         PCAS_ACTION_PREFETCH_SCHEDULE)
+        self._tail = (qmd, qmd_at, words)
+        self._wfi_pending = True
+
+    def _bank(self, info: ProgramInfo, args: list[Value], grid: tuple[Value, ...],
+              block: tuple[int, ...]) -> list[Value]:
+        """Constant bank 0 as 32-bit words: the driver prefix, then the kernel parameters."""
+        if len(args) != len(info.params):
+            raise ValueError(f"{info.name} takes {len(info.params)} arguments "
+                             f"({', '.join(p.name for p in info.params)}), got {len(args)}")
+        size = round_up(info.param_offset + info.param_bytes, CBANK_ALIGN)
+        words: list[Value] = [0] * (size // DWORD)
+        for i, v in enumerate(block):
+            words[CBANK_BLOCK_DIM // DWORD + i] = v
+        for i, g in enumerate(grid):
+            words[CBANK_GRID_DIM // DWORD + i] = g
+        for off, value in ((CBANK_SHARED_WINDOW, pbuf.SHARED_MEMORY_WINDOW),
+                           (CBANK_LOCAL_WINDOW, pbuf.LOCAL_MEMORY_WINDOW)):
+            words[off // DWORD], words[off // DWORD + 1] = value & DWORD_MASK, value >> 32
+        words[CBANK_STACK_POINTER // DWORD] = INITIAL_STACK_POINTER
+        words[CBANK_DYNAMIC_SHARED // DWORD] = 0
+        for p, arg in zip(info.params, args):
+            at = info.param_offset + p.offset
+            if p.size == 8 and at % 8 == 0:
+                words[at // DWORD], words[at // DWORD + 1] = _lo32(arg), _hi32(arg)
+            elif p.size == 4 and at % 4 == 0:
+                words[at // DWORD] = _lo32(arg)
+            elif isinstance(arg, int) and p.size < 4:  # sub-word scalars share a word with their neighbours
+                w = words[at // DWORD]
+                if not isinstance(w, int):
+                    raise ValueError(f"{info.name}: parameter {p.name} shares a word with a symbolic value")
+                shift = 8 * (at % 4)
+                words[at // DWORD] = (w & ~(((1 << (8 * p.size)) - 1) << shift)) | \
+                    ((arg & ((1 << (8 * p.size)) - 1)) << shift)
+            else:
+                raise ValueError(f"{info.name}: cannot place parameter {p.name} ({p.type}, {p.size} bytes at "
+                                 f"{p.offset}) from {arg!r}")
+        return words
+
+    def _rewrite(self, start: int, old: list[Value], new: list[Value]) -> None:
+        """Update already emitted QMD words in place (chaining, folded releases)."""
+        for i, (o, n) in enumerate(zip(old, new)):
+            if o is n or (isinstance(o, int) and isinstance(n, int) and o == n):
+                continue
+            if not isinstance(o, int):
+                raise AssertionError(f"{self.name}: QMD word {i} was symbolic already ({o.render()})")
+            idx = start + i
+            if isinstance(n, int):
+                self._words[idx] = n & DWORD_MASK
+            else:
+                self._words[idx] = 0
+                self._add_patch(PatchPoint(idx, n))
+            old[i] = n
+        self._array = None
+
+
+class NVCopyQueue(_NVQueue):
+    """HCQ commands for the copy channel: copy-engine transfers and semaphores, host acquires."""
+
+    def _channel(self, dev: NVHCQDevice) -> Channel:
+        return dev.nv.copy
+
+    def _wait(self, signal: Signal, value: Value) -> None:
+        self._acquire(signal, value)
+
+    def _signal(self, signal: Signal, value: Value) -> None:
+        info = self.device.nv.copy_info
+        if not info.has_payload_upper:  # AMPERE_DMA_COPY_A: no 64-bit CE payload, use the host release
+            self._release(signal.address, value, timestamp=False)
+            return
+        # CE four-word release after a flush: payload + timestamp (NV-FACTS 6.2)
+        addr = signal.address
+        if isinstance(addr, int) and addr % 16:
+            raise ValueError(f"copy-engine semaphore VA {addr:#x} must be 16-byte aligned")
+        self._method(pbuf.SUBCH_COPY, pbuf.NVC7B5_SET_SEMAPHORE_A, sym_bits(addr, 32, info.upper.width),
+                     _lo32(addr), _lo32(value), _hi32(value))
+        launch = pbuf.LaunchDma(pbuf.DataTransfer.NONE, pbuf.CopySemaphore.RELEASE_FOUR_WORD, flush=True,
+                                payload_64bit=True)
+        self._method(pbuf.SUBCH_COPY, pbuf.NVC7B5_LAUNCH_DMA, launch.encode())
+
+    def _timestamp(self, signal: Signal) -> None:
+        self._timestamp_release(signal)
+
+    def _memory_barrier(self) -> None:
+        self._barrier_words()
+
+    def _exec(self, program: Program, args: list[Value], global_size: tuple[Value, ...],
+              local_size: tuple[Value, ...]) -> None:
+        raise TypeError(f"{self.name}: the copy engine cannot launch kernels; use the compute queue")
+
+    def _copy(self, dst: Value, src: Value, nbytes: Value) -> None:
+        info = self.device.nv.copy_info
+        if isinstance(nbytes, int):
+            chunks: list[tuple[Value, Value]] = [(off, min(nbytes - off, pbuf.COPY_MAX_CHUNK))
+                                                 for off in range(0, nbytes, pbuf.COPY_MAX_CHUNK)]
+        else:
+            if nbytes.vmax > pbuf.COPY_MAX_CHUNK:
+                raise ValueError(f"symbolic copy size {nbytes.render()} may exceed one copy-engine launch")
+            chunks = [(0, nbytes)]
+        launch = pbuf.LaunchDma(pbuf.DataTransfer.NON_PIPELINED).encode()
+        for off, n in chunks:
+            s = src + off if off else src
+            d = dst + off if off else dst
+            upper = info.upper.width
+            self._method(pbuf.SUBCH_COPY, pbuf.NVC7B5_OFFSET_IN_UPPER, sym_bits(s, 32, upper), _lo32(s),
+                         sym_bits(d, 32, upper), _lo32(d))
+            self._method(pbuf.SUBCH_COPY, pbuf.NVC7B5_LINE_LENGTH_IN, _lo32(n))
+            self._method(pbuf.SUBCH_COPY, pbuf.NVC7B5_LAUNCH_DMA, launch)
+
+
+class NVProgram(Program):
+    """A kernel image uploaded to VRAM by the copy engine; `fn_addr` is the entry point's GPU VA."""
+
+    def __init__(self, device: NVHCQDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
+        self.info = program_info(bytes(lib), name, device.arch)
+        if not self.info.has_sass and not device.is_mock:
+            raise RuntimeError(f"{name}: the image has no SASS (built without nvJitLink); only the mock GPU "
+                               f"runs PTX-only images")
+        self.image = device.nv.alloc_vram(round_up(len(lib), PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
+        try:
+            device.copy_in(self.image.va, memoryview(bytes(lib)))
+        except BaseException:
+            device.nv.free(self.image)
+            raise
+        self.fn_addr: int = self.image.va + self.info.text_offset
+        weakref.finalize(self, _free_image, weakref.ref(device), self.image)
+
+
+def _free_image(dev_ref: weakref.ref[NVHCQDevice], buf: NVBuffer) -> None:
+    dev = dev_ref()
+    if dev is not None:  # freed once the launches queued so far (which may fetch this code) are done
+        dev.defer_free_after_timeline(buf)
+
+
+class NVAllocator(Allocator):
+    """VRAM buffers (not CPU-mapped; the copy engine moves data through a pinned host staging buffer)."""
+
+    def __init__(self, device: NVHCQDevice) -> None:
+        super().__init__()
+        self.device = device
+
+    def _alloc(self, nbytes: int) -> HCQBuffer:
+        dev = self.device
+        dev.reap()
+        try:
+            buf = dev.nv.alloc_vram(nbytes, cpu_map=False)
+        except Exception as e:
+            if "NO_MEMORY" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            dev.synchronize()  # memory waiting for the GPU to finish with it may be enough
+            if not dev.reap():
+                raise MemoryError(str(e)) from e
+            buf = dev.nv.alloc_vram(nbytes, cpu_map=False)
+        return HCQBuffer(buf.va, nbytes, buf)
+
+    def _free(self, buf: HCQBuffer) -> None:
+        # Queued kernels may still use the memory: release it once the timeline has passed them.
+        self.device.defer_free_after_timeline(buf.meta)
+
+    def _copyin(self, buf: HCQBuffer, src: memoryview) -> None:
+        self.device.copy_in(buf.va_addr, src)
+
+    def _copyout(self, dst: memoryview, buf: HCQBuffer) -> None:
+        self.device.copy_out(dst, buf.va_addr)
+
+
+def _as_nv(device: Any) -> NVHCQDevice:
+    if not isinstance(device, NVHCQDevice):
+        raise TypeError(f"an NV queue cannot run on {device!r}")
+    return device
+
+
+ARCH_BY_SM_VERSION = {0x800: "sm_80", 0x806: "sm_86", 0x809: "sm_89", 0x900: "sm_90"}  # NV-FACTS 7.1
+
+
+class NVHCQDevice(HCQDevice):
+    """One NVIDIA GPU as an HCQ device (see the module docstring)."""
+
+    def __init__(self, name: str = "NV", os_iface: OSInterface | None = None, *, index: int = 0,
+                 owned_mock: Any = None, **nv_kwargs: Any) -> None:
+        self.closed = False
+        self.closing = False
+        self.owned_mock = owned_mock  # a MockNV this device created and must shut down
+        # the mock GPU in use, if any: its fault records make DeviceFault messages precise
+        self.mock = owned_mock if owned_mock is not None else (
+            os_iface if type(os_iface).__name__ == "MockNV" else None)
+        self.is_mock = self.mock is not None
+        self.submit_lock = threading.RLock()
+        # buffers waiting for the GPU to finish with them: (ready?, buffer); see reap()
+        self._deferred: list[tuple[Callable[[], bool], NVBuffer]] = []
+        self.nv = NVDevice(os_iface if os_iface is not None else LibcOS(), index=index, **nv_kwargs)
+        try:
+            sm = self.nv.gr_info["sm_version"]
+            self.arch = ARCH_BY_SM_VERSION.get(sm) or f"sm_{(sm >> 8) * 10 + (sm & 0xF)}"
+            # SASS_VERSION in the QMD: major nibble, minor nibble (NV-FACTS 5.4)
+            self.sass_version = ((sm & 0xF00) >> 4) | (sm & 0xF)
+            self.qmd_class = qmd_for_class(self.nv.compute_class)
+            self._staging: NVBuffer | None = None
+            self._setup_local_memory()
+            renderer = _make_renderer(self.arch)
+            super().__init__(name, NVAllocator(self), NVCompiler(self.arch), renderer)
+        except BaseException:
+            self._teardown()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<NVHCQDevice {self.name} {self.arch}{' (mock)' if self.is_mock else ''}>"
+
+    # -- HCQDevice API ----------------------------------------------------------------------------------
+    def new_signal(self, value: int = 0, name: str | None = None) -> Signal:
+        addr = self.nv.alloc_signal()
+        sig = Signal(value, address=addr, owner=self.name, name=name)
+        weakref.finalize(sig, self.nv.free_signal, addr)
+        return sig
+
+    def queue(self) -> NVComputeQueue:
+        return NVComputeQueue(self)
+
+    def copy_queue(self) -> NVCopyQueue:
+        return NVCopyQueue(self)
+
+    def program(self, name: str, lib: bytes) -> NVProgram:
+        return NVProgram(self, name, lib)
+
+    def check_fault(self) -> None:
+        if self.closed:
+            raise DeviceFault(f"{self.name} is closed")
+        try:
+            self.nv.check_errors()
+        except NVChannelError as e:
+            faults = getattr(getattr(self.mock, "gpu", None), "faults", None)
+            detail = f"; mock GPU: {faults[-1]}" if faults else ""
+            raise DeviceFault(f"{e}{detail}") from e
+
+    def synchronize(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().synchronize(timeout_s)
+        self.reap()
+
+    # -- deferred frees ---------------------------------------------------------------------------------
+    def defer_free(self, buf: NVBuffer, ready: Callable[[], bool]) -> None:
+        """Release `buf` once `ready()` (the GPU is done with it). Safe from finalizers: only appends."""
+        if not (self.closed or self.closing):
+            self._deferred.append((ready, buf))
+
+    def defer_free_after_timeline(self, buf: NVBuffer) -> None:
+        """Release `buf` once all work submitted on the timeline so far has finished."""
+        value, signal = self.timeline_value - 1, self.timeline_signal
+        self.defer_free(buf, lambda: signal.value >= value)
+
+    def reap(self) -> int:
+        """Release the deferred buffers that are ready; returns how many."""
+        if self.closed or self.closing or not self._deferred:
+            return 0
+        items, self._deferred = self._deferred, []
+        waiting, freed = [], 0
+        for ready, buf in items:
+            if ready():
+                self.nv.free(buf)
+                freed += 1
+            else:
+                waiting.append((ready, buf))
+        self._deferred.extend(waiting)
+        return freed
+
+    def launch_dims(self, global_size: Sequence[Value],
+                    local_size: Sequence[Value]) -> tuple[tuple[Value, ...], tuple[int, ...]]:
+        """(grid, block) for one thread per global index: `global_size` counts threads per dimension."""
+        if any(not isinstance(v, int) for v in local_size):
+            raise ValueError(f"block size must be concrete, got {local_size}")
+        block = [int(v) for v in local_size]
+        if block == [1, 1, 1]:
+            tpb = _threads_per_block()
+            gx = global_size[0]
+            block[0] = min(tpb, max(gx, 1)) if isinstance(gx, int) else tpb
+        if any(b < 1 for b in block) or block[0] * block[1] * block[2] > MAX_THREADS_PER_BLOCK:
+            raise ValueError(f"block {tuple(block)} is empty or has more than {MAX_THREADS_PER_BLOCK} "
+                             f"threads")
+        grid: list[Value] = []
+        for g, b, limit in zip(global_size, block, MAX_GRID):
+            if isinstance(g, int):
+                if g < 0:
+                    raise ValueError(f"negative launch size {global_size}")
+                count = max(-(-g // b), 1)
+                if count > limit:
+                    raise ValueError(f"launch of {global_size} threads needs a grid beyond {MAX_GRID}")
+                grid.append(count)
+            else:
+                # a zero-thread launch still runs one block: kernels bounds-check their index
+                grid.append(((g + (b - 1)) // b).alu(Ops.MAX, UOp.const(g.dt, 1)))
+        return tuple(grid), tuple(block)
+
+    # -- copies through the staging buffer -------------------------------------------------------------
+    def _staging_buffer(self) -> NVBuffer:
+        if self._staging is None:
+            self._staging = self.nv.alloc_host(STAGING_BYTES)
+        return self._staging
+
+    def _copy_now(self, dst: int, src: int, nbytes: int) -> None:
+        value = self.timeline_value
+        q = self.copy_queue().wait(self.timeline_signal, value - 1).copy(dst, src, nbytes)
+        q.signal(self.timeline_signal, value).submit(self)
+        self.timeline_value = value + 1
+        self.timeline_signal.wait(value, queue=q.name, check=self.check_fault)
+
+    def copy_in(self, dst_va: int, src: memoryview) -> None:
+        """Host bytes -> GPU memory at `dst_va`, after everything queued so far (copy engine)."""
+        src = memoryview(src).cast("B")
+        staging = self._staging_buffer()
+        with self.submit_lock:
+            for off in range(0, src.nbytes, STAGING_BYTES):
+                n = min(STAGING_BYTES, src.nbytes - off)
+                ffi.memmove(ffi.cast("void *", staging.va), src[off:off + n], n)
+                self._copy_now(dst_va + off, staging.va, n)
+
+    def copy_out(self, dst: memoryview, src_va: int) -> None:
+        """GPU memory at `src_va` -> host bytes, after everything queued so far (copy engine)."""
+        dst = memoryview(dst).cast("B")
+        staging = self._staging_buffer()
+        with self.submit_lock:
+            for off in range(0, dst.nbytes, STAGING_BYTES):
+                n = min(STAGING_BYTES, dst.nbytes - off)
+                self._copy_now(staging.va, src_va + off, n)
+                ffi.memmove(dst[off:off + n], ffi.cast("void *", staging.va), n)
+
+    # -- bring-up extras ----------------------------------------------------------------------------------
+    def _setup_local_memory(self) -> None:
+        """Allocate the SLM backing buffer and point the compute engine at it (NV-FACTS 5.6, 2.2 step 35)."""
+        gr = self.nv.gr_info
+        per_warp = round_up(SLM_PER_THREAD * SLM_WARP_THREADS, SLM_THREAD_ROUND)
+        per_tpc = round_up(per_warp * gr["max_warps_per_sm"] * gr["sm_per_tpc"], SLM_TPC_ROUND)
+        total = round_up(per_tpc * gr["tpc_per_gpc"] * gr["gpcs"], SLM_TOTAL_ROUND)
+        self.slm = self.nv.alloc_vram(total, cpu_map=False)
+        pb = pbuf.shader_local_memory(pbuf.PushBuffer(), self.nv.compute_class, self.slm.va, per_tpc,
+                                      SLM_MAX_SM_COUNT)
+        self.nv.compute.submit(pb)
+        self.nv.compute.wait_idle()
+
+    # -- teardown -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Drain (briefly), release every buffer, object, mapping and fd; stop an owned mock GPU."""
+        if self.closed:
+            return
+        self.closing = True
+        try:
+            self.synchronize(min(CLOSE_DRAIN_S, self.nv.timeout_s))
+        except Exception:  # noqa: BLE001 - a faulted or hung device is torn down anyway
+            pass
+        try:
+            self.allocator.free_cache()
+        except Exception:  # noqa: BLE001
+            pass
+        self._teardown()
+
+    def _teardown(self) -> None:
+        self.closed = True
+        try:
+            self.nv.close()
+        finally:
+            if self.owned_mock is not None:
+                self.owned_mock.shutdown()
+
+
+def _threads_per_block() -> int:
+    """The block size the PTX renderer's kernels are written for (its `.maxntid`)."""
+    try:
+        from rawgrad.compiler.renderer import ptx
+    except ImportError:
+        return DEFAULT_THREADS_PER_BLOCK
+    return int(getattr(ptx, "THREADS_PER_BLOCK", DEFAULT_THREADS_PER_BLOCK))
+
+
+def _make_renderer(arch: str) -> Any:
+    """The PTX renderer for `arch`, or None while it is not available (then kernels cannot be built)."""
+    try:
+        from rawgrad.compiler.renderer.ptx import PTXRenderer
+    except ImportError:
+        return None
+    return PTXRenderer(arch=arch)
+
+
+MOCK_PROFILES = ("h100", "ampere")
+
+
+def open_device(name: str) -> NVHCQDevice:
+    """Registry factory: the real driver through libc, or the mock when NV_MOCK=1 (never as a fallback)."""
+    index = int(name.partition(":")[2] or 0)
+    if not config.NV_MOCK():
+        return NVHCQDevice(name, LibcOS(), index=index)
+    from rawgrad.drivers.nv.mock import AMPERE, H100, MockNV
+    which = config.NV_MOCK_PROFILE()
+    if which not in MOCK_PROFILES:
+        raise ValueError(f"NV_MOCK_PROFILE={which!r}; expected one of {', '.join(MOCK_PROFILES)}")
+    mock = MockNV(H100 if which == "h100" else AMPERE, execute_kernels=True)
+    try:
+        # one GPU per mock: every NV:<i> is card 0 of its own mock driver
+        return NVHCQDevice(name, mock, owned_mock=mock)
+    except BaseException:
+        mock.shutdown()
+        raise
+
