@@ -35,7 +35,7 @@ from rawgrad.tensor.tensor import Tensor
 
 __all__ = ["KVCache", "DecoderLM", "SavedDecoder", "GenerationTiming", "attention", "position_value",
            "select_rows", "sample_token", "normalize_prompts", "run_generation", "start_pos_variable",
-           "checkpoint_files", "load_safetensors", "load_decoder"]
+           "checkpoint_files", "load_safetensors", "load_decoder", "checked_weights"]
 
 START_POS_NAME = "start_pos"
 SAVED_FORMAT = 1
@@ -60,6 +60,27 @@ def position_value(start_pos: int | UOp, device: str) -> Tensor:
     # BIND has no device of its own: adding it to a device constant puts it on `device`
     zero = UOp.const(dtypes.index, 0, UOp(Ops.DEVICE, arg=device))
     return Tensor(UOp(Ops.ADD, dtypes.index, (zero, start_pos))).cast(dtypes.int32)
+
+
+def checked_weights(arch: str, hf: dict[str, Any], shapes: dict[str, tuple[int, ...]], config: Any,
+                    device: str | None) -> dict[str, Tensor]:
+    """Hugging Face-layout weights (arrays or Tensors, any float dtype) as float32 Tensors on `device`,
+    after checking the key set and every shape against what `config` needs."""
+    unknown = sorted(k for k in hf if k not in shapes)
+    missing = sorted(k for k in shapes if k not in hf)
+    if unknown or missing:
+        raise KeyError(f"{arch} weights: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+                       f"unexpected {unknown[:8]}{'...' if len(unknown) > 8 else ''}")
+    out: dict[str, Tensor] = {}
+    for name, value in hf.items():
+        t = value if isinstance(value, Tensor) else Tensor(np.asarray(value), device=device)
+        if device is not None:
+            t = t.to(device)
+        if tuple(t.shape) != shapes[name]:
+            raise ValueError(f"{arch} weight {name} has shape {tuple(t.shape)}, config {config} needs "
+                             f"{shapes[name]}")
+        out[name] = t.float()
+    return out
 
 
 def select_rows(table: Tensor, start_pos: int | UOp, n: int) -> Tensor:

@@ -23,6 +23,7 @@ from rawgrad.models.decoding import (
     KVCache,
     SavedDecoder,
     attention,
+    checked_weights,
     checkpoint_files,
     load_safetensors,
     select_rows,
@@ -157,23 +158,9 @@ class GPT2(DecoderLM):
     def _setup(self, cfg: GPT2Config, device: str | None, hf: dict[str, Any]) -> None:
         """Take HF-layout weights (numpy arrays or Tensors, any float dtype) as this model's tensors."""
         self.config = cfg
-        shapes = _hf_shapes(cfg)
-        unknown = sorted(k for k in hf if k not in shapes)
-        missing = sorted(k for k in shapes if k not in hf)
-        if unknown or missing:
-            raise KeyError(f"GPT-2 weights: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-                           f"unexpected {unknown[:8]}{'...' if len(unknown) > 8 else ''}")
         conv = {f"h.{i}.{k}" for i in range(cfg.n_layers) for k, c in _LAYER_KEYS.items() if c}
-        tensors: dict[str, Tensor] = {}
-        for name, value in hf.items():
-            t = value if isinstance(value, Tensor) else Tensor(np.asarray(value), device=device)
-            if device is not None:
-                t = t.to(device)
-            if tuple(t.shape) != shapes[name]:
-                raise ValueError(f"GPT-2 weight {name} has shape {tuple(t.shape)}, config {cfg} needs "
-                                 f"{shapes[name]}")
-            t = t.float()
-            tensors[name] = (t.T if name in conv else t).contiguous()
+        loaded = checked_weights("GPT-2", hf, _hf_shapes(cfg), cfg, device)
+        tensors = {name: (t.T if name in conv else t).contiguous() for name, t in loaded.items()}
         Tensor.realize(*tensors.values())
         self.wte, self.wpe = tensors["wte.weight"], tensors["wpe.weight"]
         self.ln_f_w, self.ln_f_b = tensors["ln_f.weight"], tensors["ln_f.bias"]

@@ -22,6 +22,7 @@ from rawgrad.models.decoding import (
     KVCache,
     SavedDecoder,
     attention,
+    checked_weights,
     checkpoint_files,
     load_safetensors,
     select_rows,
@@ -179,21 +180,7 @@ class Llama(DecoderLM):
 
     def _setup(self, cfg: LlamaConfig, device: str | None, hf: dict[str, Any]) -> None:
         self.config = cfg
-        shapes = _hf_shapes(cfg)
-        unknown = sorted(k for k in hf if k not in shapes)
-        missing = sorted(k for k in shapes if k not in hf)
-        if unknown or missing:
-            raise KeyError(f"LLaMA weights: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-                           f"unexpected {unknown[:8]}{'...' if len(unknown) > 8 else ''}")
-        loaded: dict[str, Tensor] = {}
-        for name, value in hf.items():
-            t = value if isinstance(value, Tensor) else Tensor(np.asarray(value), device=device)
-            if device is not None:
-                t = t.to(device)
-            if tuple(t.shape) != shapes[name]:
-                raise ValueError(f"LLaMA weight {name} has shape {tuple(t.shape)}, config {cfg} needs "
-                                 f"{shapes[name]}")
-            loaded[name] = t.float()
+        loaded = checked_weights("LLaMA", hf, _hf_shapes(cfg), cfg, device)
         tensors: dict[str, Tensor] = {}
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}."

@@ -32,7 +32,7 @@ from rawgrad.drivers.nv.qmd import QMDV03, QMDV04, qmd_for_class
 from rawgrad.hcq import Device, DeviceFault, DeviceTimeout, HCQBuffer, sym_eval
 from rawgrad.hcq.graph import address_var
 
-from .conftest import PROFILES, SMALL_WINDOW
+from .conftest import SMALL_WINDOW
 
 KERNELS = """
 .version 7.8
@@ -410,19 +410,6 @@ def test_probe_and_factory_never_fall_back_silently(monkeypatch: pytest.MonkeyPa
 
 
 # ------------------------------------------------------------------------------------------- tensors
-@pytest.fixture
-def nv(monkeypatch: pytest.MonkeyPatch, profile: GPUProfile) -> Iterator[str]:
-    """Device["NV"] on the mock with this profile, closed (and leak-checked) afterwards."""
-    monkeypatch.setenv("NV_MOCK", "1")
-    monkeypatch.setenv("NV_MOCK_PROFILE", next(k for k, v in PROFILES.items() if v is profile))
-    Device.close("NV")
-    d: Any = Device["NV"]
-    yield "NV"
-    gc.collect()
-    Device.close("NV")
-    assert all(not v for v in d.owned_mock.leaks().values()), d.owned_mock.leaks()
-
-
 def test_tensor_ops_on_nv(nv: str) -> None:
     rng = np.random.default_rng(0)
     a_np = rng.standard_normal((5, 7)).astype(np.float32)

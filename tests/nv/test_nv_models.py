@@ -1,27 +1,9 @@
 """Models on the mock NV GPU (PTX interpreted): the same tokens and logits as on the CPU."""
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from typing import Any
-
 import numpy as np
-import pytest
 
-from rawgrad.hcq import Device
 from rawgrad.models import gpt2, llama
-
-
-@pytest.fixture
-def nv(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("NV_MOCK", "1")
-    monkeypatch.setenv("NV_MOCK_PROFILE", "h100")
-    Device.close("NV")
-    d: Any = Device["NV"]
-    yield "NV"
-    gc.collect()
-    Device.close("NV")
-    assert all(not v for v in d.owned_mock.leaks().values()), d.owned_mock.leaks()
 
 
 def test_gpt2_generation_on_nv_matches_cpu(nv: str) -> None:
