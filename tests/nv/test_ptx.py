@@ -674,3 +674,30 @@ def test_embedding_gather_rows():
     idx = np.array([[0, 10, 3], [-1, 7, 2]], np.int32)
     (got,) = run_on_ptx(Tensor(idx).embedding(Tensor(table)) * 2)
     np.testing.assert_allclose(got, table[idx] * 2, rtol=1e-6)
+
+
+def _ulp_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest error in units of the last place of the float64 reference (0 where both are equal)."""
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    ulp = np.spacing(np.abs(want).astype(np.float64))
+    err = np.where(same, 0.0, np.abs(got - want) / np.where(ulp > 0, ulp, np.finfo(np.float64).tiny))
+    return float(err.max())
+
+
+def test_float64_transcendentals_are_double_precision():
+    rng = np.random.default_rng(5)
+    x_exp = np.concatenate([rng.uniform(-60, 60, 400), [-1074.5, -1030.2, -1022.0, -0.0, 0.0, 0.5, 1023.9,
+                                                        1024.0, 2000.0, -2000.0, np.inf, -np.inf, np.nan]])
+    x_log = np.concatenate([np.exp(rng.uniform(-700, 700, 400)), [5e-324, 1e-310, 2.0 ** -1022, 1.0, 2.0,
+                                                                  np.sqrt(2.0), 0.0, -1.0, np.inf, np.nan]])
+    x_sin = np.concatenate([rng.uniform(-1e4, 1e4, 400), rng.uniform(-4, 4, 100),
+                            [0.0, np.pi / 2, -np.pi, 1e6 + 0.25, np.inf, np.nan]])
+    exp2, log2, sin = run_on_ptx(Tensor(x_exp).exp2(), Tensor(x_log).log2(), Tensor(x_sin).sin())
+    with np.errstate(all="ignore"):
+        assert _ulp_error(exp2, np.exp2(x_exp)) <= 4
+        assert _ulp_error(log2, np.log2(x_log)) <= 4
+        finite = np.isfinite(x_sin)
+        np.testing.assert_allclose(sin[finite], np.sin(x_sin[finite]), rtol=0, atol=4e-16 * 1e4)
+        small = np.abs(x_sin) <= 4
+        assert _ulp_error(sin[small], np.sin(x_sin[small])) <= 4
+    assert np.isnan(sin[~np.isfinite(x_sin)]).all()
