@@ -28,12 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from rawgrad.compiler.ir import Ops, UOp, Variable
-from rawgrad.dtype import dtypes
+from rawgrad.compiler.ir import UOp, Variable
 from rawgrad.jit import TinyJit
 from rawgrad.tensor.tensor import Tensor
 
-__all__ = ["KVCache", "DecoderLM", "SavedDecoder", "GenerationTiming", "attention", "position_value",
+__all__ = ["KVCache", "DecoderLM", "SavedDecoder", "GenerationTiming", "attention",
            "select_rows", "sample_token", "normalize_prompts", "run_generation", "start_pos_variable",
            "checkpoint_files", "load_safetensors", "load_decoder", "checked_weights"]
 
@@ -50,16 +49,6 @@ def start_pos_variable(max_context: int) -> UOp:
     """The Variable every decode step is captured with (same name and range: the same hash-consed UOp,
     so a capture made in one process is served by the Variable made in another)."""
     return Variable(START_POS_NAME, 0, max_context - 1)
-
-
-def position_value(start_pos: int | UOp, device: str) -> Tensor:
-    """A 0-d int32 tensor holding `start_pos` (a bound Variable stays symbolic: the kernels read the value
-    at launch, so a captured graph serves every position)."""
-    if isinstance(start_pos, int):
-        return Tensor(start_pos, dtype=dtypes.int32, device=device)
-    # BIND has no device of its own: adding it to a device constant puts it on `device`
-    zero = UOp.const(dtypes.index, 0, UOp(Ops.DEVICE, arg=device))
-    return Tensor(UOp(Ops.ADD, dtypes.index, (zero, start_pos))).cast(dtypes.int32)
 
 
 def checked_weights(arch: str, hf: dict[str, Any], shapes: dict[str, tuple[int, ...]], config: Any,
