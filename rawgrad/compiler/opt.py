@@ -29,6 +29,9 @@ class KernelOpts:
     # output axes in loop-nesting order (outermost first); None keeps the natural order
     loop_order: list[int] | None = None
     global_axes: int = 1  # how many of the (non-1, output) loop axes form the global range
+    # the reduce loop stays vectorizable although axes are upcast (the upcast shares loads across rows
+    # instead of forming a SIMD tile; see _share_row_loads)
+    vectorize_reduce: bool = False
 
 
 @functools.cache
@@ -53,6 +56,28 @@ def _largest_divisor(dim: Any, choices: tuple[int, ...]) -> int | None:
         if dim % c == 0 and dim >= c:
             return c
     return None
+
+
+# A matrix-vector style kernel (a few rows, e.g. a decode batch, times a weight read along the reduce axis)
+# computes up to this many rows per weight load.
+MAX_SHARED_ROWS = 8
+
+
+def _share_row_loads(opts: KernelOpts, full_shape: tuple[Any, ...], out_axes: list[int],
+                     strides: list[Any]) -> None:
+    """x (B, K) @ W.T with W stored (N, K): no input is contiguous along an output axis, so there is
+    no register tile; every output is a dot product over K and W is streamed once per row of x. When
+    the rows are few (a decode batch), unroll that axis so each W element loaded serves every row
+    (B-fold less memory traffic in a kernel bound by it); the K loop stays SIMD-vectorized."""
+    for ax in out_axes:
+        size = full_shape[ax]
+        if not (isinstance(size, int) and 1 < size <= MAX_SHARED_ROWS):
+            continue
+        # some input must be reused across this axis (stride 0: the weight) and read along the reduce
+        if any(st is not None and st[ax] == 0 and 1 in st for st in strides):
+            opts.upcast[ax] = size
+            opts.vectorize_reduce = True
+            return
 
 
 def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: tuple[int, ...],
@@ -101,6 +126,8 @@ def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: t
                 # every row block of the other input streams past it
                 rest = [a for a in out_axes if a not in (contig_axis, tile_axis)]
                 opts.loop_order = rest + [contig_axis, tile_axis]
+        else:
+            _share_row_loads(opts, full_shape, out_axes, strides)
     # global axes: leading non-1 output axes until enough work, keeping the last one inner
     extents = []
     for ax in (opts.loop_order or out_axes):

@@ -160,8 +160,9 @@ class _Emitter:
             self.emit(f"{nxt} = add nsw i64 {cur}, 1")
             self.emit(f"store i64 {nxt}, ptr {slot}, align 8")
             # a register-tiled kernel is vectorized across its tile (SLP), not along the reduce loop,
-            # whose loads are strided for one of the inputs
-            tiled = bool(self.prog.opts.upcast) and r.arg[1] == "reduce"
+            # whose loads are strided for one of the inputs (rows sharing loads keep the reduce SIMD)
+            opts = self.prog.opts
+            tiled = bool(opts.upcast) and not opts.vectorize_reduce and r.arg[1] == "reduce"
             self.emit(f"br label %{head}, !llvm.loop !{'2' if tiled else '0'}")
             self.lines.append(f"{exit_}:")
         elif op is Ops.DEFINE_ACC:
