@@ -325,6 +325,12 @@ def _collect_tensors(x: Any) -> list[Tensor]:
     return []
 
 
+def _call_outputs(ret: Any) -> list[Tensor]:
+    """What a call must realize: its pending writes into views of state (first: the returned values may
+    read them), then the Tensors it returned."""
+    return pending_view_assigns() + _collect_tensors(ret)
+
+
 def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any], kwargs: dict[str, Any],
              reuse_outputs: bool) -> tuple[Any, CapturedGraph]:
     """Run `fn` once while recording its launches; returns its result and the capture."""
@@ -334,7 +340,7 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     try:
         with _realize.capture_launches() as record:
             ret = fn(*args, **kwargs)
-            outs = pending_view_assigns() + _collect_tensors(ret)  # this call's writes into state
+            outs = _call_outputs(ret)
             if outs:
                 Tensor.realize(*outs)
     finally:
@@ -545,7 +551,7 @@ class TinyJit(Generic[ReturnT]):
     def _eager(self, args: Sequence[Any], kwargs: dict[str, Any]) -> ReturnT:
         assert self.fn is not None
         ret = self.fn(*args, **kwargs)
-        outs = pending_view_assigns() + _collect_tensors(ret)
+        outs = _call_outputs(ret)
         if outs:
             Tensor.realize(*outs)
         return ret

@@ -373,6 +373,12 @@ class DecoderLM:
         return out
 
     # ------------------------------------------------------------------ saved decode graphs
+    @classmethod
+    def load_decoder(cls, path: str, *, allow_untrusted: bool = False) -> SavedDecoder:
+        """A decode graph of this architecture saved by `save_decoder`, ready to generate in this
+        (possibly fresh) process."""
+        return SavedDecoder(path, allow_untrusted=allow_untrusted, expect_arch=cls.arch)
+
     def save_decoder(self, path: str, batch: int = 1) -> None:
         """Write the captured decode step for `batch` rows (kernels, weights, KV cache buffers) into the
         directory `path`; `load_decoder(path)` generates from it in a fresh process without compiling."""

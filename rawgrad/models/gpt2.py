@@ -21,7 +21,6 @@ from rawgrad.compiler.ir import UOp
 from rawgrad.models.decoding import (
     DecoderLM,
     KVCache,
-    SavedDecoder,
     attention,
     checked_weights,
     checkpoint_files,
@@ -235,11 +234,6 @@ class GPT2(DecoderLM):
             with open(cfg_file) as f:
                 config = GPT2Config.from_hf(json.load(f))
         return cls.from_hf_state_dict(load_safetensors(files, device, progress), config, device)
-
-    @staticmethod
-    def load_decoder(path: str, *, allow_untrusted: bool = False) -> SavedDecoder:
-        """A decode graph saved by `save_decoder`, ready to generate in this (possibly fresh) process."""
-        return SavedDecoder(path, allow_untrusted=allow_untrusted, expect_arch=GPT2.arch)
 
 
 def _as_numpy(x: Any) -> np.ndarray:

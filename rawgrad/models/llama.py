@@ -20,7 +20,6 @@ from rawgrad.compiler.ir import UOp
 from rawgrad.models.decoding import (
     DecoderLM,
     KVCache,
-    SavedDecoder,
     attention,
     checked_weights,
     checkpoint_files,
@@ -274,8 +273,3 @@ class Llama(DecoderLM):
                 raise ValueError(f"{cfg_file}: rope_scaling {raw['rope_scaling']!r} is not supported")
             config = LlamaConfig.from_hf(raw)
         return cls.from_hf_state_dict(load_safetensors(files, device, progress), config, device)
-
-    @staticmethod
-    def load_decoder(path: str, *, allow_untrusted: bool = False) -> SavedDecoder:
-        """A decode graph saved by `save_decoder`, ready to generate in this (possibly fresh) process."""
-        return SavedDecoder(path, allow_untrusted=allow_untrusted, expect_arch=Llama.arch)

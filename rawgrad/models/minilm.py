@@ -26,7 +26,7 @@ import numpy as np
 from rawgrad.compiler.ir import Variable
 from rawgrad.jit.jit import TinyJit
 from rawgrad.models.bert import BertConfig, BertModel, mean_pool_normalize
-from rawgrad.nn.state import SafetensorsFile, load_state_dict, safe_load
+from rawgrad.nn.state import load_state_dict, safe_load
 from rawgrad.tensor.realize import GlobalCounters
 from rawgrad.tensor.tensor import Tensor
 
@@ -99,11 +99,8 @@ class MiniLM:
         self.device = device
         self.tokenizer = _tokenizer(self.path, max_length)
         self.model = BertModel(cfg)
-        weights_file = self.path / "model.safetensors"
-        with SafetensorsFile(weights_file) as f:
-            names = [k for k in f.keys() if k not in UNUSED_KEYS]
-        weights = safe_load(weights_file, device=device, progress=progress)
-        load_state_dict(self.model, {k: weights[k] for k in names})
+        weights = safe_load(self.path / "model.safetensors", device=device, progress=progress)
+        load_state_dict(self.model, {k: v for k, v in weights.items() if k not in UNUSED_KEYS})
         self.model.prepare()
         self.seq_len = Variable("seq_len", 1, max_length)
         self._encode = TinyJit(self._encode_padded, on_mismatch="recapture")

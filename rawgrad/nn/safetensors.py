@@ -16,7 +16,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -133,9 +133,9 @@ class SafetensorsFile:
         with open(self.path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(HEADER_LENGTH_BYTES)
-            header_len = struct.unpack("<Q", head)[0] if len(head) == HEADER_LENGTH_BYTES else 0
-            if len(head) == HEADER_LENGTH_BYTES and header_len <= min(MAX_HEADER_BYTES, size):
-                head += f.read(header_len)
+            if len(head) == HEADER_LENGTH_BYTES:  # read no more than the file holds or the limit allows;
+                # _parse_header judges whether what the length claims is all there
+                head += f.read(min(struct.unpack("<Q", head)[0], MAX_HEADER_BYTES, size))
             self.tensors, self.metadata = _parse_header(head, self.path, size)
             # an empty data section cannot be mapped (mmap of length 0 fails): nothing to read anyway
             self._map: mmap.mmap | None = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
@@ -177,16 +177,6 @@ def _tensor_from_host_layout(arr: np.ndarray, dtype: DType, device: str | None) 
     from rawgrad.tensor.tensor import Tensor, _canon_device
     buf = buffer_from_numpy(arr, dtype, _canon_device(device))
     return Tensor(UOp(Ops.RESHAPE, dtype, (buf,), tuple(arr.shape)))
-
-
-def iter_safetensors(path: str | os.PathLike[str], device: str | None = None,
-                     names: list[str] | None = None) -> Iterator[tuple[str, Tensor]]:
-    """Yield (name, Tensor) one at a time, so a caller can show progress or drop what it skips."""
-    with SafetensorsFile(path) as f:
-        for name in f.keys() if names is None else names:
-            view = f.raw(name)
-            yield name, _tensor_from_host_layout(view, f.tensors[name].dtype, device)
-            del view
 
 
 def safe_load(path: str | os.PathLike[str], device: str | None = None,
