@@ -421,53 +421,44 @@ def _cmplt(x: UOp, a: UOp, b: UOp) -> UOp | None:
 
 def _lt_const(a: UOp, c: int) -> UOp | None:
     """Normalise `sum < c`: constant moved right, common factor divided out, small remainders dropped."""
-    dt = a.dtype
-    assert dt is not None
-    terms, k0 = sum_parts(a)
-    if not terms:
-        return None
-    c -= k0
-    g = _gcd_all(*terms.values())
-    if k0 != 0 or g > 1:
-        # g*s < c  <=>  s <= floor((c-1)/g)
-        s = build_sum(dt, {b: k // g for b, k in terms.items()})
-        return _node(Ops.CMPLT, dtypes.bool, (s, _const(dt, (c - 1) // g + 1)))
-    for k in sorted({abs(v) for v in terms.values() if abs(v) > 1}, reverse=True):
-        q_terms = {b: v // k for b, v in terms.items() if v % k == 0}
-        r_terms = {b: v for b, v in terms.items() if v % k != 0}
-        if not q_terms or not r_terms:
-            continue
-        rest = build_sum(dt, r_terms)
-        # k*q + r < c  <=>  q <= floor((c-1-r)/k); decided when that floor is one value for every r
-        lo, hi = (c - 1 - int(rest.vmax)) // k, (c - 1 - int(rest.vmin)) // k
-        if lo == hi:
-            return _node(Ops.CMPLT, dtypes.bool, (build_sum(dt, q_terms), _const(dt, lo + 1)))
-    return None
+    return _cmp_sum_const(a, c, sum_below=True)
 
 
 def _gt_const(a: UOp, c: int) -> UOp | None:
     """Normalise `c < sum` the same way as `_lt_const`."""
+    return _cmp_sum_const(a, c, sum_below=False)
+
+
+def _cmp_sum_const(a: UOp, c: int, sum_below: bool) -> UOp | None:
+    """`sum < c` (sum_below) or `c < sum`, rewritten over the sum's terms divided by a common factor.
+
+    With integers: k*q + r < c  <=>  q < floor((c-1-r)/k) + 1, and c < k*q + r  <=>  floor((c-r)/k) < q;
+    i.e. the bound is floor((c - d - r)/k) + d with d = 1 for `<` and 0 for `>`. It is decided when the
+    bound is one value for every r in its range (r = 0 when a common factor divides every term)."""
     dt = a.dtype
     assert dt is not None
     terms, k0 = sum_parts(a)
     if not terms:
         return None
     c -= k0
+    d = 1 if sum_below else 0
+
+    def compare(q: UOp, bound: int) -> UOp:
+        b = _const(dt, bound)
+        return _node(Ops.CMPLT, dtypes.bool, (q, b) if sum_below else (b, q))
+
     g = _gcd_all(*terms.values())
     if k0 != 0 or g > 1:
-        # c < g*s  <=>  floor(c/g) < s
-        s = build_sum(dt, {b: k // g for b, k in terms.items()})
-        return _node(Ops.CMPLT, dtypes.bool, (_const(dt, c // g), s))
+        return compare(build_sum(dt, {b: k // g for b, k in terms.items()}), (c - d) // g + d)
     for k in sorted({abs(v) for v in terms.values() if abs(v) > 1}, reverse=True):
         q_terms = {b: v // k for b, v in terms.items() if v % k == 0}
         r_terms = {b: v for b, v in terms.items() if v % k != 0}
         if not q_terms or not r_terms:
             continue
         rest = build_sum(dt, r_terms)
-        # c < k*q + r  <=>  floor((c-r)/k) < q
-        lo, hi = (c - int(rest.vmax)) // k, (c - int(rest.vmin)) // k
+        lo, hi = (c - d - int(rest.vmax)) // k + d, (c - d - int(rest.vmin)) // k + d
         if lo == hi:
-            return _node(Ops.CMPLT, dtypes.bool, (_const(dt, lo), build_sum(dt, q_terms)))
+            return compare(build_sum(dt, q_terms), lo)
     return None
 
 
