@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rawgrad.compiler import toolchain
+from rawgrad.compiler import cache, toolchain
 from rawgrad.compiler.elf import EM_AARCH64, ET_REL, ElfFile
 from rawgrad.compiler.toolchain import CompileError, LLVMCompiler, host_compiler
 
@@ -176,7 +176,7 @@ def test_atomic_write_leaves_no_temp_on_failure(tmp_path: Path, monkeypatch: pyt
     def broken_replace(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(toolchain.os, "replace", broken_replace)
+    monkeypatch.setattr(cache.os, "replace", broken_replace)
     comp.compile(ADD_IR + "; write fails\n")
     assert os.listdir(tmp_path) == []
 

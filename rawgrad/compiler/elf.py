@@ -319,7 +319,9 @@ class ElfFile:
             raise ElfError(f"unsupported ELF class {ident[EI_CLASS]} (only ELFCLASS64={ELFCLASS64})")
         if ident[EI_DATA] != ELFDATA2LSB:
             raise ElfError(f"unsupported ELF data encoding {ident[EI_DATA]} (only little-endian)")
-        if ident[EI_VERSION] != EV_CURRENT or e_version != EV_CURRENT:
+        # A cubin keeps its CUDA ELF ABI version in e_version (ptxas writes 0x81), so only the ident byte
+        # is the ELF version there.
+        if ident[EI_VERSION] != EV_CURRENT or (e_version != EV_CURRENT and e_machine != EM_CUDA):
             raise ElfError(f"unsupported ELF version {ident[EI_VERSION]}/{e_version}")
 
         raw = []

@@ -15,24 +15,16 @@ code fast and the loader simple.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 import threading
 from dataclasses import dataclass
 
 import llvmlite
 import llvmlite.binding as llvm
 
+from rawgrad.compiler.cache import DiskCache, cache_folder, content_key
+
 __all__ = ["CompileError", "CompileStats", "LLVMCompiler", "host_compiler"]
 
-# Environment variable naming the on-disk cache folder; an empty value disables the disk cache.
-CACHE_DIR_ENV = "RAWGRAD_CACHE_DIR"
-# Default cache folder (XDG-style per-user cache).
-DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "rawgrad", "llvm")
-# Cache entry layout: sha256 digest of the payload followed by the payload, so a torn or corrupt file is
-# detected and recompiled instead of handed to the loader.
-_DIGEST_SIZE = hashlib.sha256().digest_size
 # Default relocation model and code model (see the module docstring for why).
 DEFAULT_RELOC = "pic"
 DEFAULT_CODE_MODEL = "small"
@@ -122,9 +114,8 @@ class LLVMCompiler:
         self._tm = target.create_target_machine(cpu=cpu, features=features, opt=opt_level, reloc=reloc,
                                                 codemodel=code_model)
         self.target_key: str = "|".join([self.triple, cpu, features, f"O{opt_level}", reloc, code_model])
-        if cache_dir is None:
-            cache_dir = os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
-        self.cache_dir: str | None = os.path.expanduser(cache_dir) if cache_dir else None
+        self.cache_dir: str | None = cache_folder("llvm", cache_dir)
+        self._disk = DiskCache(self.cache_dir, ".o")
         self._memory: dict[str, bytes] = {}
         self._memory_lock = threading.Lock()
 
@@ -133,11 +124,7 @@ class LLVMCompiler:
 
     def cache_key(self, llvm_ir: str) -> str:
         """sha256 over the IR text, the target key and the llvmlite version."""
-        h = hashlib.sha256()
-        for part in (llvm_ir, self.target_key, llvmlite.__version__):
-            h.update(part.encode())
-            h.update(b"\0")
-        return h.hexdigest()
+        return content_key(llvm_ir, self.target_key, llvmlite.__version__)
 
     def compile(self, llvm_ir: str) -> bytes:
         """Return the ELF relocatable object for ``llvm_ir`` (memory cache, then disk cache, then LLVM)."""
@@ -147,13 +134,16 @@ class LLVMCompiler:
         if obj is not None:
             self._count("memory_hits")
             return obj
-        obj = self._read_disk(key)
+        corrupt = self._disk.corrupt_entries
+        obj = self._disk.get(key)
+        if self._disk.corrupt_entries != corrupt:
+            self._count("corrupt_entries")
         if obj is not None:
             self._count("disk_hits")
         else:
             obj = self._compile_uncached(llvm_ir)
             self._count("compiles")
-            self._write_disk(key, obj)
+            self._disk.put(key, obj)
         with self._memory_lock:
             self._memory[key] = obj
         return obj
@@ -195,46 +185,6 @@ class LLVMCompiler:
                 return bytes(self._tm.emit_object(mod))
             except RuntimeError as e:
                 raise CompileError("code generation", str(e), llvm_ir) from e
-
-    def _entry_path(self, key: str) -> str | None:
-        return os.path.join(self.cache_dir, key + ".o") if self.cache_dir else None
-
-    def _read_disk(self, key: str) -> bytes | None:
-        path = self._entry_path(key)
-        if path is None:
-            return None
-        try:
-            with open(path, "rb") as f:
-                blob = f.read()
-        except OSError:
-            return None
-        digest, payload = blob[:_DIGEST_SIZE], blob[_DIGEST_SIZE:]
-        if len(blob) <= _DIGEST_SIZE or hashlib.sha256(payload).digest() != digest:
-            self._count("corrupt_entries")
-            return None
-        return payload
-
-    def _write_disk(self, key: str, obj: bytes) -> None:
-        path = self._entry_path(key)
-        if path is None:
-            return
-        assert self.cache_dir is not None
-        tmp = None
-        try:
-            os.makedirs(self.cache_dir, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.cache_dir)
-            with os.fdopen(fd, "wb") as f:
-                f.write(hashlib.sha256(obj).digest() + obj)
-            os.replace(tmp, path)  # atomic on POSIX: readers see the old entry or the whole new one
-            tmp = None
-        except OSError:
-            pass  # an unwritable cache only costs a recompile next time
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
 
 _host_lock = threading.Lock()

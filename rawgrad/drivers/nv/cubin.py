@@ -1,19 +1,26 @@
-"""Kernel images for the NV device: PTX -> ELF (cubin when nvJitLink is present), and what a launch needs
-from an image (entry point, parameter layout, registers, shared/local memory).
+"""Kernel images for the NV device: PTX -> cubin, and what a launch needs from an image (entry point,
+parameter layout, registers, shared/local memory, extra constant banks).
 
 Every image carries the PTX it came from in a section named ``.rawgrad.ptx``. On hardware the image is a
-real cubin (nvJitLink, NV-FACTS 7.1) with that section appended; without nvJitLink (the mock) it is a small
-ELF of our own holding an empty ``.text.<kernel>`` (where the SASS would be), ``.nv.info`` records in the
-cubin format (NV-FACTS 7.2) and the PTX. One loader path reads both, so the mock exercises it.
+real cubin for the GPU's ``sm_XX`` with that section appended, assembled by NVIDIA's ``ptxas`` (found on
+PATH, under CUDA_HOME / CUDA_PATH / /usr/local/cuda, or in NVIDIA's ``nvidia-cuda-nvcc`` wheel, which the
+``nv`` extra installs) or, failing that, by ``libnvJitLink`` (NV-FACTS 7.1). Assembled images are cached on
+disk by content (``RAWGRAD_CACHE_DIR``). With no assembler at all the mock still runs: it gets a small ELF
+of our own holding an empty ``.text.<kernel>`` (where the SASS would be), ``.nv.info`` records in the cubin
+format (NV-FACTS 7.2) and the PTX, which the mock GPU interprets. One loader path reads both kinds.
 """
 
 from __future__ import annotations
 
 import functools
 import glob
+import importlib.util
 import os
 import re
+import shutil
 import struct
+import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +28,19 @@ from typing import Any
 import cffi
 
 from rawgrad.compiler import elf
+from rawgrad.compiler.cache import DiskCache, cache_folder, content_key
 
-__all__ = ["NVCompiler", "PTXParam", "ProgramInfo", "append_section", "program_info", "write_elf"]
+__all__ = ["NVCompiler", "NoAssemblerError", "PTXAssemblyError", "PTXParam", "ProgramInfo", "append_section",
+           "find_ptxas", "program_info", "write_elf"]
 
 PTX_SECTION = ".rawgrad.ptx"
 TEXT_PREFIX = ".text."
 NV_INFO = ".nv.info"  # per-function attributes keyed by symbol (SHT_CUDA_INFO)
 NV_INFO_PREFIX = ".nv.info."  # kernel attributes
 NV_SHARED_PREFIX = ".nv.shared."  # static shared memory, NOBITS (sh_size = bytes)
-REL_PREFIXES = (".rel.", ".rela.")
+# Constant banks other than 0: ".nv.constant<N>" (module scope, e.g. PTX .const data in bank 3) or
+# ".nv.constant<N>.<kernel>"; bound as QMD constant buffer N.
+_CONSTANT_BANK_RE = re.compile(r"\.nv\.constant(\d+)(?:\.(.+))?")
 
 SHT_CUDA_INFO = 0x70000000  # SHT_LOPROC + 0: cubin .nv.info sections
 ET_EXEC = 2  # cubins are ET_EXEC
@@ -252,6 +263,9 @@ class ProgramInfo:
     shared_bytes: int
     local_bytes: int  # per-thread local memory (SHADER_LOCAL_MEMORY_HIGH_SIZE)
     has_sass: bool
+    # constant banks other than 0 the kernel reads: (bank index, contents); the loader places each at a
+    # 256-byte aligned VA and binds it in the QMD
+    constant_banks: tuple[tuple[int, bytes], ...] = ()
 
     @property
     def param_bytes(self) -> int:
@@ -266,15 +280,25 @@ def program_info(image: bytes, name: str, arch: str) -> ProgramInfo:
     if text.offset % TEXT_ALIGN:
         raise elf.ElfError(f"{TEXT_PREFIX}{name} at file offset {text.offset:#x} is not {TEXT_ALIGN}-byte "
                            f"aligned; the image is loaded verbatim, so its entry point would be misaligned")
-    relocs = [s.name for s in f.sections if s.name.startswith(REL_PREFIXES)]
+    loaded = {s.index for s in f.sections if s.flags & elf.SHF_ALLOC}
+    relocs = sorted({f.sections[r.section_index].name for r in f.relocations if r.section_index in loaded})
     if relocs:
-        raise NotImplementedError(f"kernel image needs relocations ({', '.join(relocs)}); only "
+        # ptxas always writes `.rela.text.<k>` (empty for our kernels) and `.rela.debug_frame` (the debug
+        # frame is never loaded); only entries that patch loaded code or data would need a loader.
+        raise NotImplementedError(f"kernel image needs relocations in {', '.join(relocs)}; only "
                                   f"relocation-free kernels are loaded (NV-FACTS 7.3)")
     ptx = f.section(PTX_SECTION).data.decode()
     attrs: dict[int, int | bytes] = {}
-    for sec in (NV_INFO, NV_INFO_PREFIX + name):
-        if any(s.name == sec for s in f.sections):
-            attrs.update(parse_info(f.section(sec).data))
+    # .nv.info holds per-function records keyed by symbol index (a module with several kernels, or a
+    # kernel calling functions, has one REGCOUNT per function): keep this kernel's; our own PTX-only
+    # images have no symbol table and one kernel, so there every record is taken.
+    symbol = next((k for k, sym in enumerate(f.symbols) if sym.name == name), None)
+    if any(s.name == NV_INFO for s in f.sections):
+        for attr, value in parse_info(f.section(NV_INFO).data):
+            if symbol is None or not isinstance(value, bytes) or struct.unpack_from("<I", value)[0] == symbol:
+                attrs[attr] = value
+    if any(s.name == NV_INFO_PREFIX + name for s in f.sections):
+        attrs.update(parse_info(f.section(NV_INFO_PREFIX + name).data))
     param_offset = PARAM_OFFSET_BY_MAJOR.get(sm_number(arch) // 10)
     cbank = attrs.get(EIATTR_PARAM_CBANK)
     if isinstance(cbank, bytes):
@@ -286,10 +310,17 @@ def program_info(image: bytes, name: str, arch: str) -> ProgramInfo:
     stack = attrs.get(EIATTR_MIN_STACK_SIZE)
     stack_bytes = struct.unpack_from("<II", stack)[1] if isinstance(stack, bytes) else 0
     shared = next((s.size for s in f.sections if s.name == NV_SHARED_PREFIX + name), 0)
+    banks: list[tuple[int, bytes]] = []
+    for section in f.sections:
+        m = _CONSTANT_BANK_RE.fullmatch(section.name)
+        if m is None or int(m.group(1)) == 0 or m.group(2) not in (None, name):
+            continue  # bank 0 is filled per launch; other kernels' banks are theirs
+        banks.append((int(m.group(1)), section.data))
     return ProgramInfo(name, ptx, text.offset, text.size, param_offset, tuple(ptx_params(ptx, name)),
                        registers, shared, _align(stack_bytes + LOCAL_MEMORY_EXTRA, LOCAL_MEMORY_ROUND),
                        any(s.flags & elf.SHF_EXECINSTR and s.size > 0 and s.data.strip(b"\0")
-                           for s in f.sections if s.name.startswith(TEXT_PREFIX)))
+                           for s in f.sections if s.name.startswith(TEXT_PREFIX)),
+                       tuple(sorted(banks)))
 
 
 def ptx_only_image(ptx: str, arch: str) -> bytes:
@@ -355,6 +386,13 @@ class _NVJitLink:
             return
         raise OSError(f"{path} exports no nvJitLink API this driver knows")
 
+    @property
+    def identity(self) -> str:
+        return f"nvjitlink|{os.path.realpath(self.path)}"
+
+    def __repr__(self) -> str:
+        return f"nvJitLink({self.path!r})"
+
     def link(self, ptx: str, arch: str) -> bytes:
         ffi, fn = self.ffi, self.fn
         handle = ffi.new("void **")
@@ -409,28 +447,197 @@ def find_nvjitlink() -> _NVJitLink | None:
         return _jitlink[0]
 
 
+# ------------------------------------------------------------------------------------------ ptxas
+PTXAS_ENV = "PTXAS"  # explicit path of the ptxas binary
+ASSEMBLER_ENV = "NV_ASSEMBLER"  # "ptxas", "nvjitlink", "none" (PTX-only images: mock only) or "auto"
+ASSEMBLERS = ("auto", "ptxas", "nvjitlink", "none")
+PTXAS_TIMEOUT_S = 120.0  # one kernel takes ~25 ms; a hung assembler must not hang the program
+# Folders a CUDA toolkit lives in, by environment variable, then the default install location.
+CUDA_HOME_ENVS = ("CUDA_HOME", "CUDA_PATH")
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+# NVIDIA's pip wheels unpack under the `nvidia` namespace package: nvidia-cuda-nvcc-cu12 as
+# nvidia/cuda_nvcc/bin/ptxas, the CUDA 13 wheels as nvidia/cu13/bin/ptxas.
+WHEEL_PTXAS_GLOB = os.path.join("*", "bin", "ptxas")
+MIN_PTXAS_RELEASE = {90: (11, 8)}  # sm_90 needs CUDA 11.8 or newer (NV-FACTS 7.1)
+INSTALL_HINT = ("install NVIDIA's PTX assembler: `pip install 'rawgrad[nv]'` (the nvidia-cuda-nvcc wheel "
+                "ships ptxas), or put a CUDA toolkit's bin folder on PATH, or set CUDA_HOME or PTXAS")
+_PTX_LINES_IN_ERROR = 12
+
+
+class PTXAssemblyError(RuntimeError):
+    """ptxas rejected a PTX module; the message carries its diagnostics and the module's first lines."""
+
+
+class NoAssemblerError(RuntimeError):
+    """No way to turn PTX into SASS on this machine (the message says what to install)."""
+
+
+def ptxas_candidates() -> list[str]:
+    """Where ptxas may be, in the order tried: $PTXAS, PATH, $CUDA_HOME / $CUDA_PATH, /usr/local/cuda,
+    NVIDIA's pip wheels."""
+    out: list[str] = []
+    if os.environ.get(PTXAS_ENV):
+        out.append(os.environ[PTXAS_ENV])
+    on_path = shutil.which("ptxas")
+    if on_path:
+        out.append(on_path)
+    homes = [os.environ[v] for v in CUDA_HOME_ENVS if os.environ.get(v)] + [DEFAULT_CUDA_HOME]
+    out += [os.path.join(h, "bin", "ptxas") for h in homes]
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        out += sorted(glob.glob(os.path.join(folder, WHEEL_PTXAS_GLOB)))
+    return list(dict.fromkeys(out))
+
+
+def find_ptxas() -> str | None:
+    """The first executable ptxas of `ptxas_candidates()`, or None."""
+    return next((p for p in ptxas_candidates() if os.path.isfile(p) and os.access(p, os.X_OK)), None)
+
+
+@functools.lru_cache(maxsize=8)
+def ptxas_version(path: str) -> tuple[tuple[int, int], str]:
+    """((major, minor), the full `--version` text) of the ptxas at `path`."""
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=PTXAS_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NoAssemblerError(f"cannot run {path} --version: {e}") from e
+    m = re.search(r"release (\d+)\.(\d+)", proc.stdout)
+    if proc.returncode != 0 or m is None:
+        raise NoAssemblerError(f"{path} --version did not name a CUDA release (exit {proc.returncode}): "
+                               f"{(proc.stdout + proc.stderr).strip()[:200]}")
+    return (int(m.group(1)), int(m.group(2))), proc.stdout.strip()
+
+
+class PTXAssembler:
+    """NVIDIA's ptxas as a subprocess: PTX text -> cubin for one `sm_XX`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.release, self.version_text = ptxas_version(path)
+
+    def __repr__(self) -> str:
+        return f"PTXAssembler({self.path!r}, release {self.release[0]}.{self.release[1]})"
+
+    @property
+    def identity(self) -> str:
+        """What the cache key records about the assembler: a different build gives different SASS."""
+        return f"ptxas|{self.version_text}"
+
+    def assemble(self, ptx: str, arch: str) -> bytes:
+        need = MIN_PTXAS_RELEASE.get(sm_number(arch))
+        if need is not None and self.release < need:
+            raise NoAssemblerError(f"{self.path} is CUDA {self.release[0]}.{self.release[1]}; {arch} needs "
+                                   f"{need[0]}.{need[1]} or newer: {INSTALL_HINT}")
+        with tempfile.TemporaryDirectory(prefix="rawgrad-ptxas-") as folder:
+            src, out = os.path.join(folder, "kernel.ptx"), os.path.join(folder, "kernel.cubin")
+            with open(src, "w") as f:
+                f.write(ptx)
+            try:
+                proc = subprocess.run([self.path, f"-arch={arch}", "-o", out, src], capture_output=True,
+                                      text=True, timeout=PTXAS_TIMEOUT_S)
+            except subprocess.TimeoutExpired as e:
+                raise PTXAssemblyError(f"ptxas ({self.path}) did not finish within "
+                                       f"{PTXAS_TIMEOUT_S:.0f} s") from e
+            if proc.returncode != 0:
+                head = "\n".join(ptx.splitlines()[:_PTX_LINES_IN_ERROR])
+                raise PTXAssemblyError(f"ptxas ({self.path}) rejected the PTX for {arch} (exit "
+                                       f"{proc.returncode}):\n{(proc.stderr + proc.stdout).strip()}\n"
+                                       f"--- PTX (first lines) ---\n{head}")
+            with open(out, "rb") as f:
+                return f.read()
+
+
+# --------------------------------------------------------------------------------------- the compiler
+@dataclass
+class NVCompileStats:
+    """Process-wide counters: `assembled` are real ptxas / nvJitLink runs, the others cache hits."""
+
+    assembled: int = 0
+    memory_hits: int = 0
+    disk_hits: int = 0
+    ptx_only: int = 0
+
+
 class NVCompiler:
     """PTX -> kernel image for one SM architecture.
 
-    With nvJitLink (`use_jitlink` None = when installed) the image is a cubin with ``.rawgrad.ptx``
-    appended; otherwise it is the PTX-only ELF only the mock GPU can run.
+    `assembler` (default: $NV_ASSEMBLER, else "auto"): "ptxas", "nvjitlink", "none" (a PTX-only image,
+    which only the mock GPU runs), or "auto" = ptxas when found, else nvJitLink when found, else none.
+    `require_sass` (a real GPU) turns "none" into NoAssemblerError naming what to install. Assembled images
+    are cubins with ``.rawgrad.ptx`` appended, cached in memory and on disk (`cache_dir` as for the LLVM
+    compiler: None = $RAWGRAD_CACHE_DIR or ~/.cache/rawgrad/nv, '' = no disk cache).
     """
 
-    def __init__(self, arch: str, use_jitlink: bool | None = None) -> None:
+    stats = NVCompileStats()
+
+    def __init__(self, arch: str, assembler: str | None = None, *, require_sass: bool = False,
+                 cache_dir: str | None = None) -> None:
         sm_number(arch)
+        choice = assembler or os.environ.get(ASSEMBLER_ENV) or "auto"
+        if choice not in ASSEMBLERS:
+            source = "the argument" if assembler else ASSEMBLER_ENV
+            raise ValueError(f"unknown NV assembler {choice!r} (from {source}); choose one of "
+                             f"{', '.join(ASSEMBLERS)}")
         self.arch = arch
-        self.use_jitlink = use_jitlink
+        self.require_sass = require_sass
+        self.backend: PTXAssembler | _NVJitLink | None = self._pick(choice)
+        if self.backend is None and require_sass:
+            why = ("NV_ASSEMBLER=none" if choice == "none"
+                   else f"no ptxas or libnvJitLink found; {INSTALL_HINT}")
+            raise NoAssemblerError(f"{arch} kernels need SASS, which needs an assembler: {why}")
+        self._disk = DiskCache(cache_folder("nv", cache_dir), ".cubin")
+        self._memory: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def _pick(self, choice: str) -> PTXAssembler | _NVJitLink | None:
+        if choice in ("auto", "ptxas"):
+            path = find_ptxas()
+            if path is not None:
+                return PTXAssembler(path)
+            if choice == "ptxas":
+                raise NoAssemblerError(f"NV_ASSEMBLER=ptxas but no ptxas was found (looked at "
+                                       f"{', '.join(ptxas_candidates())}); {INSTALL_HINT}")
+        if choice in ("auto", "nvjitlink"):
+            linker = find_nvjitlink()
+            if linker is not None:
+                return linker
+            if choice == "nvjitlink":
+                raise NoAssemblerError(f"NV_ASSEMBLER=nvjitlink but no libnvJitLink.so was found; set "
+                                       f"{NVJITLINK_ENV} or install NVIDIA's nvJitLink library")
+        return None
 
     def __repr__(self) -> str:
-        return f"NVCompiler({self.arch!r})"
+        return f"NVCompiler({self.arch!r}, {self.backend!r})"
+
+    @property
+    def produces_sass(self) -> bool:
+        return self.backend is not None
 
     def compile(self, src: str) -> bytes:
         if not ptx_entries(src):
             raise ValueError("PTX module has no .entry kernel")
-        linker = find_nvjitlink() if self.use_jitlink is not False else None
-        if linker is None:
-            if self.use_jitlink:
-                raise RuntimeError(f"nvJitLink (libnvJitLink.so) is needed to build {self.arch} SASS; set "
-                                   f"{NVJITLINK_ENV} or install the CUDA nvJitLink library")
+        if self.backend is None:
+            NVCompiler.stats.ptx_only += 1
             return ptx_only_image(src, self.arch)
-        return append_section(linker.link(src, self.arch), PTX_SECTION, src.encode())
+        identity = self.backend.identity
+        key = content_key(src, self.arch, identity)
+        with self._lock:
+            image = self._memory.get(key)
+        if image is not None:
+            NVCompiler.stats.memory_hits += 1
+            return image
+        image = self._disk.get(key)
+        if image is not None:
+            NVCompiler.stats.disk_hits += 1
+        else:
+            cubin = (self.backend.assemble(src, self.arch) if isinstance(self.backend, PTXAssembler)
+                     else self.backend.link(src, self.arch))
+            image = append_section(cubin, PTX_SECTION, src.encode())
+            NVCompiler.stats.assembled += 1
+            self._disk.put(key, image)
+        with self._lock:
+            self._memory[key] = image
+        return image
