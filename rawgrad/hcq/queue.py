@@ -9,7 +9,7 @@ replay is one patch pass plus one doorbell.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,36 @@ def sym_eval(expr: UOp, var_vals: Mapping[UOp, int]) -> int:
     return fn(*args)
 
 
+def compile_expr(expr: UOp) -> Callable[[Mapping[UOp, int]], int]:
+    """`expr` as a Python closure over `var_vals`: what `sym_eval` computes, without re-dispatching on the
+    node kinds each time (a replay evaluates the same few expressions over and over). A missing variable
+    raises a bare KeyError: callers re-run `sym_eval` for the descriptive message."""
+    op = expr.op
+    if op in (Ops.CONST, Ops.BIND):
+        const = int(expr.arg if op is Ops.CONST else expr.src[1].arg)
+        return lambda var_vals: const
+    if op is Ops.DEFINE_VAR:
+        name, lo, hi = expr.arg
+
+        def variable(var_vals: Mapping[UOp, int]) -> int:
+            value = var_vals[expr]
+            if not lo <= value <= hi:
+                raise ValueError(f"variable {name!r} = {value} is outside its range [{lo}, {hi}]")
+            return value
+        return variable
+    fn = _EVAL.get(op)
+    if fn is None:
+        raise TypeError(f"cannot evaluate a {op} in a patch-point expression: {expr.render()}")
+    args = [compile_expr(s) for s in expr.src]
+    if len(args) == 1:
+        (a,) = args
+        return lambda var_vals: fn(a(var_vals))
+    if len(args) == 2:
+        a, b = args
+        return lambda var_vals: fn(a(var_vals), b(var_vals))
+    return lambda var_vals: fn(*(f(var_vals) for f in args))
+
+
 def _c_div(a: int, b: int) -> int:
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b >= 0) else -q
@@ -77,6 +107,11 @@ class PatchPoint:
     shift: int = 0
 
 
+# The patch points of one expression: (its compiled evaluator, the expression, [(patch position in the
+# queue's patch list, word index, shift)]).
+PatchGroup = tuple[Callable[[Mapping[UOp, int]], int], UOp, list[tuple[int, int, int]]]
+
+
 class HWQueue:
     """A sequence of HCQ commands for one device kind. Every command method returns self.
 
@@ -94,6 +129,9 @@ class HWQueue:
         self._refs: list[object] = []
         self._array: np.ndarray | None = None
         self._bound_words: np.ndarray | None = None
+        # (evaluate, expr, [(patch position, word index, shift)]) per distinct patch expression, built on the
+        # first submit after the patch points last changed
+        self._plan: list[PatchGroup] | None = None
         self.bound_device: HCQDevice | None = None
         self.name = f"{type(self).__name__}@{id(self):#x}"
 
@@ -132,6 +170,18 @@ class HWQueue:
     def _add_patch(self, p: PatchPoint) -> None:
         self._patches.append(p)
         self._last.append(None)
+        self._plan = None
+
+    def _replace_patches(self, patches: list[PatchPoint], last: list[int | None]) -> None:
+        """For drivers that resolve some patch points for good (e.g. once a queue's address is fixed)."""
+        self._patches, self._last, self._plan = patches, last, None
+
+    def _patch_plan(self) -> list[PatchGroup]:
+        by_expr: dict[UOp, list[tuple[int, int, int]]] = {}
+        for pos, p in enumerate(self._patches):
+            by_expr.setdefault(p.expr, []).append((pos, p.index, p.shift))
+        self._plan = [(compile_expr(e), e, slots) for e, slots in by_expr.items()]
+        return self._plan
 
     def _set_word(self, index: int, value: int) -> None:
         self._words[index] = value
@@ -211,21 +261,24 @@ class HWQueue:
             raise ValueError(f"{self.name} is bound to {self.bound_device.name}, not {device.name}")
         if self._patches:
             vals = var_vals if var_vals is not None else {}
-            changed: list[tuple[int, int]] = []
             mask = (1 << self.WORD_BITS) - 1
-            cache: dict[UOp, int] = {}
-            for i, p in enumerate(self._patches):
-                v = cache.get(p.expr)
-                if v is None:
-                    v = cache[p.expr] = sym_eval(p.expr, vals)
-                word = (v >> p.shift) & mask
-                if self._last[i] != word:
-                    changed.append((i, word))
+            last = self._last
+            changed: list[tuple[int, int, int]] = []
+            for evaluate, expr, slots in self._plan if self._plan is not None else self._patch_plan():
+                try:
+                    value = evaluate(vals)
+                except KeyError:
+                    sym_eval(expr, vals)  # raises the KeyError that names the missing variable
+                    raise
+                for pos, index, shift in slots:
+                    word = (value >> shift) & mask
+                    if last[pos] != word:
+                        changed.append((pos, index, word))
             if changed:
                 self._before_patch(device)
-                for i, word in changed:
-                    self._set_word(self._patches[i].index, word)
-                    self._last[i] = word
+                for pos, index, word in changed:
+                    self._set_word(index, word)
+                    last[pos] = word
         self._submit(device)
         return self
 

@@ -18,6 +18,7 @@ from rawgrad.compiler.ir import UOp
 from rawgrad.drivers.nv import _probe
 from rawgrad.drivers.nv import pushbuf as pb
 from rawgrad.drivers.nv.cubin import (
+    NoAssemblerError,
     NVCompiler,
     Section,
     append_section,
@@ -205,9 +206,13 @@ def test_copy_queue_copies_with_patched_operands(dev: NVHCQDevice) -> None:
     wait, sig = Variable("w", 0, 1 << 40), Variable("s", 0, 1 << 40)
     q = NVCopyQueue(dev).wait(dev.timeline_signal, wait).copy(d_var, s_var, n_var)
     q.signal(dev.timeline_signal, sig).bind(dev)
+    ch = dev.nv.copy
     for size, off in ((n, 0), (100, 7), (4096, 1)):
         v = dev.timeline_value
+        put, retired = ch.put, ch.retire_value
         run(dev, q, {d_var: dst.va_addr + off, s_var: src.va_addr, n_var: size, wait: v - 1, sig: v})
+        # a replay of a bound queue is one GP entry (the block retires itself), no ring segment
+        assert (ch.put - put) % ch.entries == 1 and ch.retire_value == retired + 1 == ch.retired()
         assert np.array_equal(host(dev, dst, np.uint8)[off:off + size], data[:size])
     big = np.arange(5 << 20, dtype=np.uint8)  # more than the staging buffer: chunked host copies
     buf = dev.allocator.alloc(big.nbytes)
@@ -368,7 +373,7 @@ def test_qmd_fields_checks_and_symbolic_words() -> None:
 # ------------------------------------------------------------------------------------------- images
 def test_ptx_only_image_and_appended_section(dev: NVHCQDevice) -> None:
     src = KERNELS.format(arch=dev.arch)
-    lib = NVCompiler(dev.arch, use_jitlink=False).compile(src)
+    lib = NVCompiler(dev.arch, "none").compile(src)
     info = program_info(lib, "add1", dev.arch)
     assert info.ptx == src and not info.has_sass and info.text_offset % 128 == 0
     assert [(p.name, p.offset, p.size) for p in info.params] == [("out", 0, 8), ("inp", 8, 8), ("n", 16, 8)]
@@ -382,8 +387,8 @@ def test_ptx_only_image_and_appended_section(dev: NVHCQDevice) -> None:
     f = elf.ElfFile.parse(grown)
     assert f.section(".text.k").data == b"\x01" * 256 and f.section(".rawgrad.ptx").data == b"ptx!"
     if find_nvjitlink() is None:
-        with pytest.raises(RuntimeError, match="nvJitLink"):
-            NVCompiler(dev.arch, use_jitlink=True).compile(src)
+        with pytest.raises(NoAssemblerError, match="nvJitLink"):
+            NVCompiler(dev.arch, "nvjitlink")
 
 
 # ------------------------------------------------------------------------------------------- registry

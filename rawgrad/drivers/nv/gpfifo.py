@@ -19,6 +19,9 @@ MAX_SLEEP_S = 0.001  # longest sleep between polls
 # Every submission ends with a 64-bit release of the channel's retirement counter: header + 5 data dwords
 # (SEM_ADDR_LO .. SEM_EXECUTE; NV-FACTS 4.6).
 RETIRE_BYTES = 4 * 6
+# NvNotification (the channel error notifier): info32 at +8, status (u16) at +14.
+NOTIFIER_INFO32_OFFSET = 8
+NOTIFIER_STATUS_OFFSET = 14
 
 
 class DeviceTimeout(TimeoutError):
@@ -114,7 +117,14 @@ class Channel:
         self.gpfifo_addr, self.entries, self.userd_addr = gpfifo_addr, entries, userd_addr
         self.pb_addr, self.pb_bytes, self.doorbell_addr = pb_addr, pb_bytes, doorbell_addr
         self.retire_addr, self.notifier_addr, self.timeout_s = retire_addr, notifier_addr, timeout_s
-        self.put = read_u32(userd_addr + pbuf.USERD_GP_PUT)
+        # Typed pointers made once: the replay path reads and writes these words on every submit.
+        self._gp_ring = _ffi.cast("volatile uint64_t *", gpfifo_addr)
+        self._gp_put = _ffi.cast("volatile uint32_t *", userd_addr + pbuf.USERD_GP_PUT)
+        self._gp_get = _ffi.cast("volatile uint32_t *", userd_addr + pbuf.USERD_GP_GET)
+        self._retired = _ffi.cast("volatile uint64_t *", retire_addr)
+        self._notifier_status = None if notifier_addr is None else _ffi.cast(
+            "volatile uint16_t *", notifier_addr + NOTIFIER_STATUS_OFFSET)
+        self.put = int(self._gp_put[0])
         self.pb_head = 0
         self.retire_value = read_u64(retire_addr)
         self.inflight: deque[_InFlight] = deque()
@@ -122,18 +132,18 @@ class Channel:
 
     # -- progress --------------------------------------------------------------------------------
     def gp_get(self) -> int:
-        return read_u32(self.userd_addr + pbuf.USERD_GP_GET)
+        return int(self._gp_get[0])
 
     def retired(self) -> int:
-        return read_u64(self.retire_addr)
+        return int(self._retired[0])
 
     def check_error(self) -> None:
         """Raise NVChannelError if RM wrote this channel's error notifier (NvNotification.status != 0)."""
-        if self.notifier_addr is None:
+        if self._notifier_status is None:
             return
-        status = int(_ffi.cast("volatile uint16_t *", self.notifier_addr + 14)[0])
+        status = int(self._notifier_status[0])
         if status:
-            info32 = read_u32(self.notifier_addr + 8)
+            info32 = read_u32(self.notifier_addr + NOTIFIER_INFO32_OFFSET)  # type: ignore[operator]
             raise NVChannelError(
                 f"{self.device_name} {self.name} channel error: notifier status {status:#x}, "
                 f"info32 (Xid-style code) {info32}"
@@ -217,27 +227,25 @@ class Channel:
         self._publish([pbuf.GPEntry(self.pb_addr + start, len(blob) // 4).encode()])
         return value
 
-    def submit_external(self, va: int, ndwords: int, *, retire_wfi: bool = False) -> int:
-        """Run ``ndwords`` already in GPU memory at ``va`` (a bound queue), then a retirement release."""
+    def submit_bound(self, va: int, ndwords: int, value: int) -> int:
+        """Run a bound block of ``ndwords`` at ``va`` that ends with its own release of the retirement
+        counter to ``value`` (the next retirement value): one GP entry, no ring space."""
+        if value != self.retire_value + 1:
+            raise ValueError(f"{self.name}: a bound block must retire with {self.retire_value + 1}, "
+                             f"not {value}")
         self.check_error()
-        self._wait_gp_slots(2)
-        start = self._reserve_pb(RETIRE_BYTES)
-        value = self.retire_value + 1
-        blob = _as_pb(self._retire_words(value, retire_wfi)).to_bytes()
-        write_bytes(self.pb_addr + start, blob)
-        self.inflight.append(_InFlight(value, start, start + len(blob)))
-        self.pb_head = start + len(blob)
+        if (self.gp_get() - self.put - 1) % self.entries < 1:
+            self._wait_gp_slots(1)
         self.retire_value = value
-        ring = pbuf.GPEntry(self.pb_addr + start, len(blob) // 4).encode()
-        self._publish([pbuf.GPEntry(va, ndwords).encode(), ring])
+        self._publish([pbuf.GPEntry(va, ndwords).encode()])
         return value
 
     def _publish(self, entries: list[int]) -> None:
         for entry in entries:
-            write_u64(self.gpfifo_addr + self.put * pbuf.GP_ENTRY_BYTES, entry)
+            self._gp_ring[self.put] = entry
             self.put = (self.put + 1) % self.entries
         self.os.store_fence()  # ring entries + pushbuffer visible before GPPut
-        write_u32(self.userd_addr + pbuf.USERD_GP_PUT, self.put)
+        self._gp_put[0] = self.put
         self.os.store_fence()  # GPPut visible before the doorbell (NV-FACTS 4.5)
         self.os.mmio_write32(self.doorbell_addr, self.token)
         self.submissions += 1

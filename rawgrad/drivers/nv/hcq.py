@@ -40,7 +40,7 @@ from rawgrad.hcq.device import HCQDevice
 from rawgrad.hcq.errors import DeviceFault
 from rawgrad.hcq.memory import ffi
 from rawgrad.hcq.program import Program
-from rawgrad.hcq.queue import HWQueue, PatchPoint, Value
+from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 
 __all__ = ["QUEUE_BASE", "NVAllocator", "NVComputeQueue", "NVCopyQueue", "NVHCQDevice", "NVProgram",
@@ -49,6 +49,9 @@ __all__ = ["QUEUE_BASE", "NVAllocator", "NVComputeQueue", "NVCopyQueue", "NVHCQD
 # Where a queue's words live when it runs (the pushbuffer ring slot, or the bound block): every address a
 # queue holds into itself is an expression of this, resolved at submit.
 QUEUE_BASE = Variable("nv.queue_base", 0, GPU_VA_LIMIT - 1)
+# A bound block ends with a release of its channel's retirement counter (so a replay is one GP entry); the
+# value is this variable, resolved at submit to the channel's next retirement value.
+RETIRE_VALUE = Variable("nv.retire_value", 0, 2**63 - 1)
 # Queues start 256-byte aligned so embedded QMDs can be (SEND_PCAS_A / DEPENDENT_QMD*_POINTER take VA >> 8).
 QUEUE_ALIGN = 256
 QMD_ALIGN_DWORDS = QUEUE_ALIGN // 4
@@ -70,6 +73,10 @@ CBANK_STACK_POINTER = 0x28
 CBANK_DYNAMIC_SHARED = 0x2C
 INITIAL_STACK_POINTER = 0xFFFDC0
 CBANK_ALIGN = 64  # V04 binds bank VA >> 6; V03 is happy with it too
+# Banks other than 0 (PTX .const data) live after the image: 256-byte aligned like a QMD (more than V04's
+# 64 requires), sizes rounded to the QMD's 16-byte size unit.
+CONSTANT_BANK_ALIGN = 256
+CONSTANT_BANK_SIZE_ALIGN = 16
 
 # Launch shape: one thread per global index; this many threads per block unless the renderer says.
 DEFAULT_THREADS_PER_BLOCK = 128
@@ -148,12 +155,18 @@ class _NVQueue(HWQueue):
                              f"separate signal, not the {self.device.name} timeline")
         self._release(signal.address, 0, timestamp=True)
 
+    def _end_open_work(self) -> None:
+        """Close whatever a following command could still fold into (the compute queue's QMD chain)."""
+
     def _barrier_words(self) -> None:
         self._emit(*pbuf.memory_barrier(pbuf.PushBuffer()).words)
 
     # -- bind / submit -----------------------------------------------------------------------------------
     def _bind(self, device: Any) -> None:
         dev = _as_nv(device)
+        # The block retires itself: a replay is then one GP entry + doorbell, no ring segment after it.
+        self._end_open_work()
+        self._release(self._channel(dev).retire_addr, RETIRE_VALUE, timestamp=False)
         words = self.words().astype(np.uint32)
         buf = dev.nv.alloc_vram(max(words.nbytes, DWORD))  # CPU-mapped; page aligned, so QMDs stay aligned
         view = np.frombuffer(ffi.buffer(ffi.cast("char *", buf.va), words.nbytes), dtype=np.uint32)
@@ -161,6 +174,26 @@ class _NVQueue(HWQueue):
         self._bound_words = view
         self._block = buf
         weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._channel(dev), self._retire)
+        self._fold_queue_base(buf.va)
+
+    def _fold_queue_base(self, base: int) -> None:
+        """A bound block never moves: resolve every QUEUE_BASE patch point (QMD, bank and chain addresses,
+        three per launch) now, so a replay evaluates only the patch points that really change (timeline
+        values, inputs) instead of work proportional to the number of launches."""
+        const = UOp.const(QUEUE_BASE.dt, base)
+        patches: list[PatchPoint] = []
+        last: list[int | None] = []
+        for p, prev in zip(self._patches, self._last, strict=True):
+            variables = p.expr.variables()
+            if QUEUE_BASE not in variables:
+                patches.append(p)
+                last.append(prev)
+            elif variables == [QUEUE_BASE]:
+                self._set_word(p.index, (sym_eval(p.expr, {QUEUE_BASE: base}) >> p.shift) & DWORD_MASK)
+            else:
+                patches.append(PatchPoint(p.index, p.expr.substitute({QUEUE_BASE: const}), p.shift))
+                last.append(None)
+        self._replace_patches(patches, last)
 
     def _before_patch(self, device: Any) -> None:
         if self._block is not None and self._retire[0]:
@@ -183,6 +216,7 @@ class _NVQueue(HWQueue):
                 base = ch.pb_addr + self._start
             vals = dict(var_vals) if var_vals else {}
             vals[QUEUE_BASE] = base
+            vals[RETIRE_VALUE] = ch.retire_value + 1
             return super().submit(device, vals)
 
     def _submit(self, device: Any) -> None:
@@ -192,10 +226,8 @@ class _NVQueue(HWQueue):
         if self._block is None:
             data = self.words().astype(np.uint32).tobytes()
             self._retire[0] = ch.commit(self._start, data, retire_wfi=wfi)
-        elif self._words:
-            self._retire[0] = ch.submit_external(self._block.va, len(self._words), retire_wfi=wfi)
-        else:  # an empty bound queue: only the retirement release
-            self._retire[0] = ch.submit(pbuf.PushBuffer(), retire_wfi=wfi)
+        else:  # the block ends with its own retirement release (see _bind)
+            self._retire[0] = ch.submit_bound(self._block.va, len(self._words), ch.retire_value + 1)
 
 
 def _free_block(dev_ref: weakref.ref[NVHCQDevice], buf: NVBuffer, ch: Channel, retire: list[int]) -> None:
@@ -217,6 +249,10 @@ class NVComputeQueue(_NVQueue):
 
     def _break_chain(self) -> None:
         self._tail = None
+
+    def _end_open_work(self) -> None:
+        self._break_chain()
+        self._wfi_pending = False  # the retirement release that follows waits for idle
 
     def _wait(self, signal: Signal, value: Value) -> None:
         self._break_chain()
@@ -269,6 +305,8 @@ class NVComputeQueue(_NVQueue):
             raise ValueError(f"{program.name}: a {len(bank) * DWORD}-byte argument bank does not fit "
                              f"one method")
         qmd.constant_buffer(0, QUEUE_BASE + DWORD * bank_at, len(bank) * DWORD)
+        for index, address, size in getattr(program, "constant_banks", ()):
+            qmd.constant_buffer(index, address, size)
         qmd_va = QUEUE_BASE + DWORD * qmd_at
         self._emit(pbuf.MethodHeader(pbuf.SecOp.NON_INC_METHOD, pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_NO_OPERATION,
                                      count).encode())
@@ -285,8 +323,7 @@ class NVComputeQueue(_NVQueue):
                 self._method(pbuf.SUBCH_HOST, pbuf.NVC56F_WFI, pbuf.WFI_SCOPE_ALL)
             self._emit(*pbuf.invalidate_shader_caches(pbuf.PushBuffer()).words)
             self._method(pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_SEND_PCAS_A, sym_bits(qmd_va, 8, 32))
-            self._method(pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_SEND_SIGNALING_PCAS2_B,
-                         PCAS_ACTION_PREFETCH_SCHEDULE)
+            self._method(pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_SEND_SIGNALING_PCAS2_B, dev.pcas_action)
         self._tail = (qmd, qmd_at, words)
         self._wfi_pending = True
 
@@ -403,15 +440,25 @@ class NVProgram(Program):
         super().__init__(device, name, lib)
         self.info = program_info(bytes(lib), name, device.arch)
         if not self.info.has_sass and not device.is_mock:
-            raise RuntimeError(f"{name}: the image has no SASS (built without nvJitLink); only the mock GPU "
-                               f"runs PTX-only images")
-        self.image = device.nv.alloc_vram(round_up(len(lib), PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
+            raise RuntimeError(f"{name}: the image has no SASS (built without ptxas or nvJitLink, e.g. on "
+                               f"the mock); only the mock GPU runs PTX-only images")
+        # The file goes to VRAM verbatim (its .text is 128-byte aligned in the file), then each extra
+        # constant bank at its own aligned offset: a bank's file offset is only 4-byte aligned.
+        blob = bytearray(lib)
+        bank_offsets: list[tuple[int, int, int]] = []  # (bank index, image offset, bytes bound)
+        for index, data in self.info.constant_banks:
+            blob += bytes(round_up(len(blob), CONSTANT_BANK_ALIGN) - len(blob))
+            size = max(round_up(len(data), CONSTANT_BANK_SIZE_ALIGN), CONSTANT_BANK_SIZE_ALIGN)
+            bank_offsets.append((index, len(blob), size))
+            blob += data + bytes(size - len(data))
+        self.image = device.nv.alloc_vram(round_up(len(blob), PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
         try:
-            device.copy_in(self.image.va, memoryview(bytes(lib)))
+            device.copy_in(self.image.va, memoryview(bytes(blob)))
         except BaseException:
             device.nv.free(self.image)
             raise
         self.fn_addr: int = self.image.va + self.info.text_offset
+        self.constant_banks = tuple((index, self.image.va + off, size) for index, off, size in bank_offsets)
         weakref.finalize(self, _free_image, weakref.ref(device), self.image)
 
 
@@ -474,6 +521,9 @@ class NVHCQDevice(HCQDevice):
         self.mock = owned_mock if owned_mock is not None else (
             os_iface if type(os_iface).__name__ == "MockNV" else None)
         self.is_mock = self.mock is not None
+        # SEND_SIGNALING_PCAS2_B action of a launch that is not chained (NV-FACTS 5.2: 9 = prefetch +
+        # schedule; the bring-up smoke run tries 3 and 0xA too if nothing dispatches)
+        self.pcas_action = PCAS_ACTION_PREFETCH_SCHEDULE
         self.submit_lock = threading.RLock()
         # buffers waiting for the GPU to finish with them: (ready?, buffer); see reap()
         self._deferred: list[tuple[Callable[[], bool], NVBuffer]] = []
@@ -487,7 +537,9 @@ class NVHCQDevice(HCQDevice):
             self._staging: NVBuffer | None = None
             self._setup_local_memory()
             renderer = _make_renderer(self.arch)
-            super().__init__(name, NVAllocator(self), NVCompiler(self.arch), renderer)
+            # A real GPU runs SASS only: without ptxas / nvJitLink this fails here, naming what to install.
+            compiler = NVCompiler(self.arch, require_sass=not self.is_mock)
+            super().__init__(name, NVAllocator(self), compiler, renderer)
         except BaseException:
             self._teardown()
             raise
