@@ -785,6 +785,15 @@ class MockNV:
             prm.length = 16
             for i, b in enumerate(prof.uuid):
                 prm.data[i] = b
+        elif cmd == abi.NV2080_CTRL_CMD_GPU_GET_NAME_STRING:
+            # NUL-terminated within NV2080_GPU_MAX_NAME_STRING_LENGTH entries, ASCII or UTF-16 units
+            name = prof.name[: abi.NV2080_GPU_MAX_NAME_STRING_LENGTH - 1]
+            if prm.gpuNameStringFlags == abi.NV2080_CTRL_GPU_GET_NAME_STRING_FLAGS_TYPE_ASCII:
+                prm.gpuNameString.ascii = name.encode("ascii", errors="replace") + b"\0"
+            elif prm.gpuNameStringFlags == abi.NV2080_CTRL_GPU_GET_NAME_STRING_FLAGS_TYPE_UNICODE:
+                prm.gpuNameString.unicode = [ord(ch) for ch in name] + [0]
+            else:
+                raise _RmFail("NV_ERR_INVALID_ARGUMENT")
         elif cmd == abi.NV2080_CTRL_CMD_GR_GET_INFO:
             values = {
                 abi.NV2080_CTRL_GR_INFO_INDEX_SM_VERSION: prof.sm_version,
