@@ -1,4 +1,5 @@
-"""Command line: `python -m rawgrad [demo | info | infer minilm|gpt2 | bench cpu|dispatch|infer]`."""
+"""Command line: `python -m rawgrad [demo | info | doctor | infer minilm|gpt2 |
+bench cpu|dispatch|infer|gpu]`."""
 from __future__ import annotations
 
 import argparse
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd")
     sub.add_parser("demo", help="run the demo (default)")
     sub.add_parser("info", help="show devices")
+    doctor = sub.add_parser("doctor", help="which device paths work here, and why the others do not")
+    doctor.add_argument("--verbose", action="store_true", help="list every ioctl, RM class and control")
     infer = sub.add_parser("infer", help="run a model through its captured graph")
     infer_sub = infer.add_subparsers(dest="model", required=True)
     ml = infer_sub.add_parser("minilm", help="sentence embeddings with all-MiniLM-L6-v2")
@@ -169,13 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     g2.add_argument("--seed", type=int, default=0)
     g2.add_argument("--size", choices=["124m", "tiny"], default="124m", help="random-weight model size")
     bench = sub.add_parser("bench", help="benchmarks against numpy / torch (and others when installed)")
-    bench.add_argument("what", choices=["cpu", "dispatch", "infer"])
+    bench.add_argument("what", choices=["cpu", "dispatch", "infer", "gpu"])
     bench.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
+    bench.add_argument("--json", help="bench gpu: JSON result path (default $OUT/bench_gpu.json)")
     args = parser.parse_args(argv)
     if args.cmd in (None, "demo"):
         return demo()
     if args.cmd == "info":
         return info()
+    if args.cmd == "doctor":
+        from rawgrad.doctor import main as doctor_main
+        return doctor_main(["--verbose"] if args.verbose else [])
     if args.cmd == "infer" and args.model == "minilm":
         return infer_minilm(args.sentences, args.show, args.repeats)
     if args.cmd == "infer" and args.model == "gpt2":
@@ -187,7 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "bench" and args.what == "dispatch":
         from rawgrad.jit.bench_dispatch import bench_dispatch
         bench_dispatch()
+        from rawgrad import bench_gpu
+        if bench_gpu.default_is_nv():  # on a GPU, also the empty-kernel chains against CUDA Graphs
+            bench_gpu.dispatch(quick=args.quick, json_path=args.json)
         return 0
+    if args.cmd == "bench" and args.what == "gpu":
+        from rawgrad.bench_gpu import main as bench_gpu_main
+        return bench_gpu_main(quick=args.quick, json_path=args.json)
     if args.cmd == "bench":
         from rawgrad.bench import bench_cpu
         return bench_cpu(quick=args.quick)

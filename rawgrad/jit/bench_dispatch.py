@@ -87,8 +87,9 @@ def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS) -> list[dict[str, A
     from rawgrad import Device, Tensor
     from rawgrad.jit import TinyJit
 
-    dev = Device["CPU"]
-    print(f"rawgrad bench dispatch  ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    dev = Device[Device.DEFAULT]  # where the Tensors below live (DEV=NV puts them on the GPU): sync that one
+    print(f"rawgrad bench dispatch on {dev.name}  ({platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, "
           f"{getattr(dev, 'threads', '?')} worker threads, {ELEMENTS}-element x = x + 1 chains)")
     print(f"{'N':>5s} {'eager us/k':>11s} {'replay us/k':>12s} {'submit us/k':>12s} {'eager/replay':>13s} "
           f"{'numpy us/op':>12s} {'torch us/op':>12s} {'tinygrad jit us/k':>18s}")
