@@ -227,9 +227,9 @@ class Channel:
         self._publish([pbuf.GPEntry(self.pb_addr + start, len(blob) // 4).encode()])
         return value
 
-    def submit_bound(self, va: int, ndwords: int, value: int) -> int:
-        """Run a bound block of ``ndwords`` at ``va`` that ends with its own release of the retirement
-        counter to ``value`` (the next retirement value): one GP entry, no ring space."""
+    def submit_bound(self, entry: int, value: int) -> int:
+        """Run a bound block (its GP entry `entry`, from GPEntry(va, ndwords).encode()) that ends with its
+        own release of the retirement counter to ``value``, the next retirement value: no ring space."""
         if value != self.retire_value + 1:
             raise ValueError(f"{self.name}: a bound block must retire with {self.retire_value + 1}, "
                              f"not {value}")
@@ -237,7 +237,7 @@ class Channel:
         if (self.gp_get() - self.put - 1) % self.entries < 1:
             self._wait_gp_slots(1)
         self.retire_value = value
-        self._publish([pbuf.GPEntry(va, ndwords).encode()])
+        self._publish([entry])
         return value
 
     def _publish(self, entries: list[int]) -> None:

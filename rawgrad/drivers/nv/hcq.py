@@ -175,6 +175,7 @@ class _NVQueue(HWQueue):
         self._block = buf
         weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._channel(dev), self._retire)
         self._fold_queue_base(buf.va)
+        self._gp_entry = pbuf.GPEntry(buf.va, len(self._words)).encode()  # the whole replay, one entry
 
     def _fold_queue_base(self, base: int) -> None:
         """A bound block never moves: resolve every QUEUE_BASE patch point (QMD, bank and chain addresses,
@@ -205,6 +206,8 @@ class _NVQueue(HWQueue):
     def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
         """Resolve patch points (this queue's own base address included) and submit to the channel."""
         dev = _as_nv(device)
+        if self._block is not None and self.bound_device is dev:
+            return self._replay(dev, var_vals)
         with dev.submit_lock:
             dev.check_fault()
             dev.reap()
@@ -219,6 +222,36 @@ class _NVQueue(HWQueue):
             vals[RETIRE_VALUE] = ch.retire_value + 1
             return super().submit(device, vals)
 
+    def _replay(self, dev: NVHCQDevice, var_vals: Mapping[UOp, int] | None) -> HWQueue:
+        """A bound queue's submit, kept short because it is TinyJit's replay: evaluate the (few) patch
+        expressions, rewrite the words that changed in the block, then one GP entry + doorbell."""
+        ch = self._channel(dev)
+        with dev.submit_lock:
+            dev.check_fault()
+            if dev._deferred:
+                dev.reap()
+            value = ch.retire_value + 1
+            vals: dict[UOp, int] = {RETIRE_VALUE: value}
+            if var_vals:
+                vals.update(var_vals)
+            if self._retire[0] and ch.retired() < self._retire[0]:
+                self._before_patch(dev)  # the block is rewritten in place: its previous run must be done
+            words, last, block = self._words, self._last, self._bound_words
+            assert block is not None
+            for evaluate, expr, slots in self._plan if self._plan is not None else self._patch_plan():
+                try:
+                    v = evaluate(vals)
+                except KeyError:
+                    sym_eval(expr, vals)  # raises the KeyError that names the missing variable
+                    raise
+                for pos, index, shift in slots:
+                    word = (v >> shift) & DWORD_MASK
+                    if last[pos] != word:
+                        words[index] = block[index] = last[pos] = word
+            self._array = None  # words() rebuilds its copy when asked
+            self._retire[0] = ch.submit_bound(self._gp_entry, value)
+        return self
+
     def _submit(self, device: Any) -> None:
         dev = _as_nv(device)
         ch = self._channel(dev)
@@ -227,7 +260,7 @@ class _NVQueue(HWQueue):
             data = self.words().astype(np.uint32).tobytes()
             self._retire[0] = ch.commit(self._start, data, retire_wfi=wfi)
         else:  # the block ends with its own retirement release (see _bind)
-            self._retire[0] = ch.submit_bound(self._block.va, len(self._words), ch.retire_value + 1)
+            self._retire[0] = ch.submit_bound(self._gp_entry, ch.retire_value + 1)
 
 
 def _free_block(dev_ref: weakref.ref[NVHCQDevice], buf: NVBuffer, ch: Channel, retire: list[int]) -> None:
