@@ -64,7 +64,7 @@ def test_memory_cache_hit(tmp_path: Path) -> None:
 
 
 def test_disk_cache_env_and_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(toolchain.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
     first = LLVMCompiler()
     assert first.cache_dir == str(tmp_path / "cache")
     obj = first.compile(ADD_IR)
@@ -119,7 +119,7 @@ def test_unreadable_cache_dir_still_compiles(tmp_path: Path) -> None:
 
 
 def test_empty_cache_dir_disables_disk_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(toolchain.CACHE_DIR_ENV, "")
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, "")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert LLVMCompiler().cache_dir is None
     assert LLVMCompiler(cache_dir="").cache_dir is None
@@ -150,7 +150,7 @@ def test_bad_options() -> None:
 
 def test_host_compiler_singleton_and_vectorizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(toolchain, "_host", None)
-    monkeypatch.setenv(toolchain.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path))
     h = host_compiler()
     assert h is host_compiler()
     assert h.cpu and h.features
