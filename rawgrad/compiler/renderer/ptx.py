@@ -446,9 +446,13 @@ class _Emitter:
                 return v  # same bits: the source was already extended from its width as C converts
             return self.op(dc, f"cvt.{op_type(dst)}.{op_type(src)} {{d}}, {v}")
         if src.is_float and dst.is_int:
+            if _narrow_type(dst) is not None:
+                # 8/16-bit results go through int32 and wrap, as the CPU renderer (and numpy on x86) do;
+                # a direct cvt.rzi.s8 would saturate 250.0 to 127 where the CPU gives -6
+                wide = self.op("b32", f"cvt.rzi.s32.{op_type(src)} {{d}}, {v}")
+                return self.cast(wide, dtypes.int32, dst)
             # truncation toward zero, as C; out-of-range values saturate (undefined in C)
-            dtype_name = _narrow_type(dst) or op_type(dst)
-            return self.op(dc, f"cvt.rzi.{dtype_name}.{op_type(src)} {{d}}, {v}")
+            return self.op(dc, f"cvt.rzi.{op_type(dst)}.{op_type(src)} {{d}}, {v}")
         if src.is_int and dst.is_float:
             if dst == dtypes.float16:
                 h = self.op("b16", f"cvt.rn.f16.{op_type(src)} {{d}}, {v}")
