@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rawgrad import Tensor, Variable
+from rawgrad import Device, Tensor, Variable
 from rawgrad.jit import JitError, TinyJit
 from rawgrad.jit.storage import FORMAT_VERSION, GraphFileError
 from rawgrad.tensor.buffers import buffer_numpy
@@ -163,3 +163,36 @@ def test_save_before_capture_and_unsavable_constant(tmp_path: Path) -> None:
         f(Tensor(np.ones(2, np.float32)), object())
     with pytest.raises(GraphFileError, match="cannot save a value of type object"):
         f.save(str(tmp_path / "g"))
+
+
+def copy_fn(x: Tensor) -> Tensor:
+    y = (x + 1).realize()
+    return (y.clone() * 2).realize()  # a same-device copy inside the graph (NV: the copy kernel)
+
+
+COPY_CHILD = r"""
+import sys, numpy as np
+from rawgrad import Tensor
+from rawgrad.jit import TinyJit
+g = TinyJit.load(sys.argv[1])
+print(repr([g(Tensor(np.arange(37, dtype=np.float32) * k)).numpy().tolist() for k in (1, 3)]))
+"""
+
+
+def test_graph_with_a_same_device_copy_replays_and_saves(tmp_path: Path) -> None:
+    f = TinyJit(copy_fn)
+    for k in range(4):
+        x = np.arange(37, dtype=np.float32) * k
+        np.testing.assert_array_equal(f(Tensor(x)).numpy(), (x + 1) * 2)
+    assert f.replays >= 2
+    dev: Any = Device[Device.DEFAULT]
+    if getattr(dev, "mock", None) is not None:  # NV: the copy ran as the copy kernel inside the graph
+        assert any(launch.entry == "rawgrad_copy" for launch in dev.mock.gpu.launches)
+    path = tmp_path / "copy.rgjit"
+    f.save(str(path))
+    res = subprocess.run([sys.executable, "-c", COPY_CHILD, str(path)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    got = eval(res.stdout.strip().splitlines()[-1])
+    for k, row in zip((1, 3), got, strict=True):
+        np.testing.assert_array_equal(row, (np.arange(37, dtype=np.float32) * k + 1) * 2)

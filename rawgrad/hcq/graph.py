@@ -129,12 +129,17 @@ def build_template(device: HCQDevice, commands: Sequence[Command],
     proxies: dict[int, Any] = {}  # Any: a _SymbolicProgram stands in for the Program
     profiled: list[str] = []
     q.wait(timeline, TIMELINE_WAIT)
+
+    def proxy_for(program: Program) -> Any:  # Any: a _SymbolicProgram stands in for the Program
+        proxy = proxies.get(id(program))
+        if proxy is None:
+            proxy = proxies[id(program)] = _SymbolicProgram(program, program_var(len(programs)))
+            programs.append(program)
+        return proxy
+
     for cmd in commands:
         if isinstance(cmd, KernelCommand):
-            proxy: Any = proxies.get(id(cmd.program))
-            if proxy is None:
-                proxy = proxies[id(cmd.program)] = _SymbolicProgram(cmd.program, program_var(len(programs)))
-                programs.append(cmd.program)
+            proxy = proxy_for(cmd.program)
             if profile:
                 k = len(profiled)
                 start: Any = _SymbolicSignal(profile_var(k, end=False), f"profile {k} start")
@@ -143,6 +148,11 @@ def build_template(device: HCQDevice, commands: Sequence[Command],
                 profiled.append(cmd.program.name)
             else:
                 q.exec(proxy, cmd.args, (cmd.global_size, 1, 1))
+        elif isinstance(cmd, CopyCommand) and hasattr(device, "copy_as_kernel"):
+            # a device whose compute queue copies with a kernel (NV): encode it as that kernel, so its entry
+            # point is a relocation like every other program's and the graph can be saved
+            program, args, threads = device.copy_as_kernel(cmd.dst, cmd.src, cmd.nbytes)
+            q.exec(proxy_for(program), args, (threads, 1, 1))
         elif isinstance(cmd, CopyCommand):
             q.copy(cmd.dst, cmd.src, cmd.nbytes)
         else:

@@ -220,10 +220,32 @@ def test_copy_queue_copies_with_patched_operands(dev: NVHCQDevice) -> None:
     assert np.array_equal(host(dev, buf, np.uint8), big)
     for b in (src, dst, buf):
         dev.allocator.free(b)
-    with pytest.raises(NotImplementedError, match="copy engine"):
-        dev.queue().copy(0, 0, 4)
     with pytest.raises(TypeError, match="cannot launch kernels"):
         NVCopyQueue(dev).exec(Any, [], (1, 1, 1))  # type: ignore[arg-type]
+
+
+def test_compute_queue_copies_with_the_copy_kernel(dev: NVHCQDevice, mock: MockNV) -> None:
+    """The compute channel has no copy engine: `copy` there is a kernel, 16 bytes per thread when dst, src
+    and the size are 16-byte aligned, bytes otherwise; operands and size may be patched per submit."""
+    n = 5000
+    src, dst = dev.allocator.alloc(n), dev.allocator.alloc(n)
+    data = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+    dev.allocator.copyin(src, memoryview(data))
+    d_var, s_var, n_var = address_var("dst"), address_var("src"), Variable("nbytes", 0, n)
+    wait, sig = Variable("w", 0, 1 << 40), Variable("s", 0, 1 << 40)
+    q = dev.queue().wait(dev.timeline_signal, wait).copy(d_var, s_var, n_var)
+    q.signal(dev.timeline_signal, sig).bind(dev)
+    for size, doff, soff in ((4096, 0, 0), (100, 7, 3), (33, 16, 0), (1, 0, 5), (0, 0, 0), (n, 0, 0)):
+        poison = np.full(n, 0xAB, np.uint8)
+        dev.allocator.copyin(dst, memoryview(poison))
+        v = dev.timeline_value
+        run(dev, q, {d_var: dst.va_addr + doff, s_var: src.va_addr + soff, n_var: size, wait: v - 1, sig: v})
+        got = host(dev, dst, np.uint8)
+        assert np.array_equal(got[doff:doff + size], data[soff:soff + size]), (size, doff, soff)
+        assert (got[:doff] == 0xAB).all() and (got[doff + size:] == 0xAB).all()  # nothing outside
+    assert any(launch.entry == "rawgrad_copy" for launch in mock.gpu.launches)
+    for b in (src, dst):
+        dev.allocator.free(b)
 
 
 # ------------------------------------------------------------------------------------------- kernels

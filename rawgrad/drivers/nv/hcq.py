@@ -99,6 +99,60 @@ PAGE = 0x1000
 # How long close() lets queued work drain before tearing the device down.
 CLOSE_DRAIN_S = 2.0
 
+# Same-device copies on the compute channel (which has no copy-engine object): a kernel where thread i
+# moves bytes [16 i, 16 i + 16), as one 16-byte load/store when dst, src and the size are 16-byte aligned,
+# else byte by byte. Ranges must not overlap (graph copies are between distinct live buffers).
+COPY_KERNEL = "rawgrad_copy"
+COPY_BYTES_PER_THREAD = 16
+COPY_KERNEL_PTX = """.version 7.8
+.target {arch}
+.address_size 64
+.visible .entry rawgrad_copy(.param .u64 dst, .param .u64 src, .param .u64 nbytes)
+.maxntid 128, 1, 1
+{{
+  .reg .pred %p<3>;
+  .reg .b32 %r<7>;
+  .reg .b64 %rd<10>;
+  ld.param.u64 %rd0, [dst];
+  ld.param.u64 %rd1, [src];
+  ld.param.u64 %rd2, [nbytes];
+  cvta.to.global.u64 %rd0, %rd0;
+  cvta.to.global.u64 %rd1, %rd1;
+  mov.u32 %r0, %ctaid.x;
+  mov.u32 %r1, %ntid.x;
+  mov.u32 %r2, %tid.x;
+  mul.wide.u32 %rd3, %r0, %r1;
+  cvt.u64.u32 %rd4, %r2;
+  add.u64 %rd3, %rd3, %rd4;
+  shl.b64 %rd5, %rd3, 4;
+  setp.ge.u64 %p0, %rd5, %rd2;
+  @%p0 bra DONE;
+  or.b64 %rd6, %rd0, %rd1;
+  or.b64 %rd6, %rd6, %rd2;
+  and.b64 %rd6, %rd6, 15;
+  setp.ne.u64 %p1, %rd6, 0;
+  @%p1 bra BYTES;
+  add.u64 %rd7, %rd1, %rd5;
+  add.u64 %rd8, %rd0, %rd5;
+  ld.global.v4.u32 {{%r3, %r4, %r5, %r6}}, [%rd7];
+  st.global.v4.u32 [%rd8], {{%r3, %r4, %r5, %r6}};
+  bra DONE;
+BYTES:
+  add.u64 %rd9, %rd5, 16;
+  min.u64 %rd9, %rd9, %rd2;
+LOOP:
+  add.u64 %rd7, %rd1, %rd5;
+  add.u64 %rd8, %rd0, %rd5;
+  ld.global.u8 %r3, [%rd7];
+  st.global.u8 [%rd8], %r3;
+  add.u64 %rd5, %rd5, 1;
+  setp.lt.u64 %p2, %rd5, %rd9;
+  @%p2 bra LOOP;
+DONE:
+  ret;
+}}
+"""
+
 
 def _lo32(v: Value) -> Value:
     return v & DWORD_MASK if isinstance(v, int) else v  # a patch point keeps the low 32 bits itself
@@ -263,6 +317,11 @@ class _NVQueue(HWQueue):
             self._retire[0] = ch.submit_bound(self._gp_entry, ch.retire_value + 1)
 
 
+def copy_threads(nbytes: Value) -> Value:
+    """Threads of a copy-kernel launch: one per 16 bytes."""
+    return (nbytes + (COPY_BYTES_PER_THREAD - 1)) // COPY_BYTES_PER_THREAD
+
+
 def _free_block(dev_ref: weakref.ref[NVHCQDevice], buf: NVBuffer, ch: Channel, retire: list[int]) -> None:
     dev = dev_ref()
     if dev is not None:  # freed once the channel has retired the block's last run
@@ -312,8 +371,9 @@ class NVComputeQueue(_NVQueue):
         self._wfi_pending = False
 
     def _copy(self, dst: Value, src: Value, nbytes: Value) -> None:
-        raise NotImplementedError(f"{self.name}: copies run on the copy engine; use "
-                                  f"{self.device.name}.copy_queue() (the compute channel has no copy object)")
+        # The compute channel has no copy-engine object: a copy kernel (non-overlapping ranges). Bulk and
+        # host copies use the copy queue (`copy_queue()`), which runs the copy engine.
+        self._exec(self.device.copy_program(), [dst, src, nbytes], (copy_threads(nbytes), 1, 1), (1, 1, 1))
 
     def _exec(self, program: Program, args: list[Value], global_size: tuple[Value, ...],
               local_size: tuple[Value, ...]) -> None:
@@ -557,6 +617,7 @@ class NVHCQDevice(HCQDevice):
         # SEND_SIGNALING_PCAS2_B action of a launch that is not chained (NV-FACTS 5.2: 9 = prefetch +
         # schedule; the bring-up smoke run tries 3 and 0xA too if nothing dispatches)
         self.pcas_action = PCAS_ACTION_PREFETCH_SCHEDULE
+        self._copy_program: NVProgram | None = None
         self.submit_lock = threading.RLock()
         # buffers waiting for the GPU to finish with them: (ready?, buffer); see reap()
         self._deferred: list[tuple[Callable[[], bool], NVBuffer]] = []
@@ -595,6 +656,18 @@ class NVHCQDevice(HCQDevice):
 
     def program(self, name: str, lib: bytes) -> NVProgram:
         return NVProgram(self, name, lib)
+
+    def copy_program(self) -> NVProgram:
+        """The same-device copy kernel (COPY_KERNEL_PTX), built on first use."""
+        if self._copy_program is None:
+            lib = self.compiler.compile(COPY_KERNEL_PTX.format(arch=self.arch))
+            self._copy_program = NVProgram(self, COPY_KERNEL, lib)
+        return self._copy_program
+
+    def copy_as_kernel(self, dst: Value, src: Value, nbytes: Value) -> tuple[Program, list[Value], Value]:
+        """A graph's same-device copy as a kernel launch (program, args, threads), so a captured graph
+        relocates and saves it like any other kernel."""
+        return self.copy_program(), [dst, src, nbytes], copy_threads(nbytes)
 
     def check_fault(self) -> None:
         if self.closed:
