@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -171,9 +172,63 @@ def test_disk_cache_hits_and_survives_corruption(tmp_path: Path) -> None:
 @needs_ptxas
 def test_constant_bank_from_const_data() -> None:
     src = CONST_KERNEL.format(arch="sm_90")
-    info = program_info(NVCompiler("sm_90", "ptxas", cache_dir="").compile(src), "lookup", "sm_90")
-    ((index, data),) = info.constant_banks
-    assert index == 3 and np.array_equal(np.frombuffer(data, np.float32), CONST_TABLE)
+    image = NVCompiler("sm_90", "ptxas", cache_dir="").compile(src)
+    info = program_info(image, "lookup", "sm_90")
+    ((index, offset, size),) = info.constant_banks
+    assert index == 3 and offset % 256 == 0 and offset >= len(image) and size == 16
+    assert info.layout is not None
+    blob = cubin.relocate(image, info.layout, 0x7000_0000)
+    assert np.array_equal(np.frombuffer(blob[offset:offset + 16], np.float32), CONST_TABLE)
+
+
+# Module-scope .global data: ptxas keeps their addresses in constant bank 4, filled by R_CUDA_64 relocations
+# against `.nv.global.init` (initialised) and `.nv.global` (NOBITS, zeroed).
+GLOBALS_KERNEL = """.version 7.8
+.target sm_90
+.address_size 64
+.global .align 4 .u32 counter;
+.global .align 4 .f32 table[4] = {1.0, 2.0, 3.0, 4.0};
+.visible .entry bump(.param .u64 out)
+{
+  .reg .b64 %rd<4>; .reg .b32 %r<1>; .reg .f32 %f<1>;
+  ld.param.u64 %rd0, [out];
+  atom.global.add.u32 %r0, [counter], 1;
+  mov.u64 %rd1, table; ld.global.f32 %f0, [%rd1+4];
+  cvta.to.global.u64 %rd3, %rd0; st.global.u32 [%rd3], %r0; st.global.f32 [%rd3+4], %f0; ret;
+}
+"""
+
+
+@needs_ptxas
+def test_relocations_place_module_globals() -> None:
+    image = NVCompiler("sm_90", "ptxas", cache_dir="").compile(GLOBALS_KERNEL)
+    info = program_info(image, "bump", "sm_90")
+    layout = info.layout
+    assert layout is not None and layout.relocations
+    base = 0x12_3450_0000
+    blob = cubin.relocate(image, layout, base)
+    f = elf.ElfFile.parse(image)
+    (bank,) = [b for b in info.constant_banks if b[0] == 4]
+    pointers = set(np.frombuffer(blob[bank[1]:bank[1] + 16], np.uint64).tolist())
+    table = layout.section_offsets[".nv.global.init"] + next(s.value for s in f.symbols if s.name == "table")
+    counter = layout.section_offsets[".nv.global"] + next(s.value for s in f.symbols if s.name == "counter")
+    assert pointers == {base + table, base + counter}  # bank 4 holds the relocated data addresses
+    assert np.array_equal(np.frombuffer(blob[table:table + 16], np.float32), [1.0, 2.0, 3.0, 4.0])
+    assert blob[counter:counter + 4] == bytes(4) and counter >= len(image)  # NOBITS: zeroed, after the file
+    assert cubin.relocate(image, layout, base + 0x1000) != blob  # the pointers follow the base
+
+
+def test_unsupported_relocation_is_named() -> None:
+    rel = struct.pack("<QQq", 0, (1 << 32) | 0x3A, 0)  # R_CUDA_ABS47_34 against symbol 1
+    sym = bytes(24) + struct.pack("<IBBHQQ", 1, 3, 0, 1, 0, 0)  # a SECTION symbol of section 1
+    image = cubin.write_elf([
+        cubin.Section(".text.k", elf.SHT_PROGBITS, elf.SHF_ALLOC | elf.SHF_EXECINSTR, bytes(128), 128),
+        cubin.Section(".strtab", elf.SHT_STRTAB, 0, b"\0k\0", 1),
+        cubin.Section(".symtab", elf.SHT_SYMTAB, 0, sym, 8, link=2, entsize=24),
+        cubin.Section(".rela.text.k", elf.SHT_RELA, 0, rel, 8, link=3, info=1, entsize=24),
+    ])
+    with pytest.raises(NotImplementedError, match="relocation type 0x3a in .text.k"):
+        cubin.image_layout(image)
 
 
 @needs_ptxas
@@ -183,7 +238,7 @@ def test_constant_bank_is_uploaded_and_bound(nv: str, monkeypatch: pytest.Monkey
     lib = NVCompiler(dev.arch, "ptxas", cache_dir="").compile(src)
     prog = dev.program("lookup", lib)
     ((index, va, size),) = prog.constant_banks
-    assert index == 3 and va % 256 == 0 and size == 16
+    assert index == 3 and va % 256 == 0 and size == 16 and va > prog.image.va
     got = np.empty(4, np.float32)
     dev.copy_out(memoryview(got).cast("B"), va)
     assert np.array_equal(got, CONST_TABLE)

@@ -248,6 +248,89 @@ def ptx_params(ptx: str, entry: str) -> list[PTXParam]:
     raise ValueError(f"PTX module has no kernel {entry!r} (kernels: {ptx_entries(ptx)})")
 
 
+# ------------------------------------------------------------------------------------------ loading
+# Relocation types (NV-FACTS 7.3): S = VA of the symbol's section + symbol value + addend.
+R_CUDA_32 = 1  # u32 S at the offset
+R_CUDA_64 = 2  # u64 S at the offset (ptxas: addresses of module .global data in a constant bank)
+R_CUDA_ABS32_LO_32 = 0x38  # low 32 bits of S into the immediate of a 128-bit instruction (offset + 4)
+R_CUDA_ABS32_HI_32 = 0x39  # high 32 bits of S, likewise
+INSTRUCTION_IMMEDIATE_OFFSET = 4
+CONSTANT_BANK_ALIGN = 256  # extra banks are copied to 256-byte aligned places (V04 needs 64)
+CONSTANT_BANK_SIZE_ALIGN = 16  # the QMD's bank size unit (SIZE_SHIFTED4)
+GLOBAL_DATA_PREFIX = ".nv.global"  # module .global data: PROGBITS (.init) or NOBITS (zeroed)
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """How a kernel image sits in GPU memory at some base VA: the file verbatim (so `.text` offsets are
+    entry points), then zero-filled NOBITS `.nv.global` data, then a 256-byte aligned copy of every constant
+    bank other than 0 (the QMD binds the copy: a bank's file offset is only 4-byte aligned). Relocations
+    (offset in the image, type, image offset of the symbol's section + symbol value + addend) are applied
+    once the base is known (`relocate`)."""
+
+    size: int
+    section_offsets: dict[str, int]  # where each loaded section lives, as an offset from the base
+    banks: dict[str, tuple[int, int, int]]  # bank section name -> (bank index, image offset, bound bytes)
+    relocations: tuple[tuple[int, int, int], ...]
+
+
+def image_layout(image: bytes, f: elf.ElfFile | None = None) -> ImageLayout:
+    f = f if f is not None else elf.ElfFile.parse(image)
+    offsets = {s.name: s.offset for s in f.sections if s.flags & elf.SHF_ALLOC and s.type != elf.SHT_NOBITS}
+    end = len(image)
+    for s in f.sections:
+        if s.type == elf.SHT_NOBITS and s.name.startswith(GLOBAL_DATA_PREFIX):
+            end = _align(end, max(s.align, 1))
+            offsets[s.name] = end
+            end += s.size
+    banks: dict[str, tuple[int, int, int]] = {}
+    for s in f.sections:
+        m = _CONSTANT_BANK_RE.fullmatch(s.name)
+        if m is None or int(m.group(1)) == 0:
+            continue  # bank 0 is filled per launch
+        end = _align(end, CONSTANT_BANK_ALIGN)
+        banks[s.name] = (int(m.group(1)), end, max(_align(s.size, CONSTANT_BANK_SIZE_ALIGN),
+                                                      CONSTANT_BANK_SIZE_ALIGN))
+        offsets[s.name] = end  # the bound copy is the one relocations must patch
+        end += banks[s.name][2]
+    relocations: list[tuple[int, int, int]] = []
+    for r in f.relocations:
+        target = f.sections[r.section_index]
+        if target.name not in offsets:
+            continue  # e.g. .rela.debug_frame: the debug frame is never loaded
+        if r.type not in (R_CUDA_32, R_CUDA_64, R_CUDA_ABS32_LO_32, R_CUDA_ABS32_HI_32):
+            raise NotImplementedError(f"relocation type {r.type:#x} in {target.name} (symbol "
+                                      f"{r.symbol.name!r}) is not supported (NV-FACTS 7.3)")
+        home = f.sections[r.symbol.section_index].name if r.symbol.section_index < len(f.sections) else ""
+        if home not in offsets:
+            raise NotImplementedError(f"relocation in {target.name} refers to {r.symbol.name!r} in "
+                                      f"{home or 'no section'}, which is not loaded")
+        relocations.append((offsets[target.name] + r.offset, r.type,
+                            offsets[home] + r.symbol.value + r.addend))
+    return ImageLayout(end, offsets, banks, tuple(relocations))
+
+
+def relocate(image: bytes, layout: ImageLayout, base: int) -> bytes:
+    """The bytes to upload at GPU VA `base`: file, global data, bank copies, relocations applied."""
+    f = elf.ElfFile.parse(image)
+    blob = bytearray(image) + bytes(layout.size - len(image))
+    for s in f.sections:
+        if s.name in layout.banks:
+            _, at, _ = layout.banks[s.name]
+            blob[at:at + len(s.data)] = s.data
+    for at, kind, target in layout.relocations:
+        value = base + target
+        if kind == R_CUDA_64:
+            struct.pack_into("<Q", blob, at, value)
+        elif kind == R_CUDA_32:
+            struct.pack_into("<I", blob, at, value & 0xFFFFFFFF)
+        elif kind == R_CUDA_ABS32_LO_32:
+            struct.pack_into("<I", blob, at + INSTRUCTION_IMMEDIATE_OFFSET, value & 0xFFFFFFFF)
+        else:  # R_CUDA_ABS32_HI_32
+            struct.pack_into("<I", blob, at + INSTRUCTION_IMMEDIATE_OFFSET, value >> 32)
+    return bytes(blob)
+
+
 # ------------------------------------------------------------------------------------------ program info
 @dataclass(frozen=True)
 class ProgramInfo:
@@ -263,9 +346,9 @@ class ProgramInfo:
     shared_bytes: int
     local_bytes: int  # per-thread local memory (SHADER_LOCAL_MEMORY_HIGH_SIZE)
     has_sass: bool
-    # constant banks other than 0 the kernel reads: (bank index, contents); the loader places each at a
-    # 256-byte aligned VA and binds it in the QMD
-    constant_banks: tuple[tuple[int, bytes], ...] = ()
+    # constant banks other than 0 the kernel reads: (bank index, offset in the loaded image, bytes to bind)
+    constant_banks: tuple[tuple[int, int, int], ...] = ()
+    layout: ImageLayout | None = None  # how the file is placed in GPU memory (see image_layout)
 
     @property
     def param_bytes(self) -> int:
@@ -280,13 +363,7 @@ def program_info(image: bytes, name: str, arch: str) -> ProgramInfo:
     if text.offset % TEXT_ALIGN:
         raise elf.ElfError(f"{TEXT_PREFIX}{name} at file offset {text.offset:#x} is not {TEXT_ALIGN}-byte "
                            f"aligned; the image is loaded verbatim, so its entry point would be misaligned")
-    loaded = {s.index for s in f.sections if s.flags & elf.SHF_ALLOC}
-    relocs = sorted({f.sections[r.section_index].name for r in f.relocations if r.section_index in loaded})
-    if relocs:
-        # ptxas always writes `.rela.text.<k>` (empty for our kernels) and `.rela.debug_frame` (the debug
-        # frame is never loaded); only entries that patch loaded code or data would need a loader.
-        raise NotImplementedError(f"kernel image needs relocations in {', '.join(relocs)}; only "
-                                  f"relocation-free kernels are loaded (NV-FACTS 7.3)")
+    layout = image_layout(image, f)
     ptx = f.section(PTX_SECTION).data.decode()
     attrs: dict[int, int | bytes] = {}
     # .nv.info holds per-function records keyed by symbol index (a module with several kernels, or a
@@ -310,17 +387,13 @@ def program_info(image: bytes, name: str, arch: str) -> ProgramInfo:
     stack = attrs.get(EIATTR_MIN_STACK_SIZE)
     stack_bytes = struct.unpack_from("<II", stack)[1] if isinstance(stack, bytes) else 0
     shared = next((s.size for s in f.sections if s.name == NV_SHARED_PREFIX + name), 0)
-    banks: list[tuple[int, bytes]] = []
-    for section in f.sections:
-        m = _CONSTANT_BANK_RE.fullmatch(section.name)
-        if m is None or int(m.group(1)) == 0 or m.group(2) not in (None, name):
-            continue  # bank 0 is filled per launch; other kernels' banks are theirs
-        banks.append((int(m.group(1)), section.data))
+    banks = tuple((index, offset, size) for section, (index, offset, size) in layout.banks.items()
+                  if section.partition(".nv.constant")[2].partition(".")[2] in ("", name))
     return ProgramInfo(name, ptx, text.offset, text.size, param_offset, tuple(ptx_params(ptx, name)),
                        registers, shared, _align(stack_bytes + LOCAL_MEMORY_EXTRA, LOCAL_MEMORY_ROUND),
                        any(s.flags & elf.SHF_EXECINSTR and s.size > 0 and s.data.strip(b"\0")
                            for s in f.sections if s.name.startswith(TEXT_PREFIX)),
-                       tuple(sorted(banks)))
+                       tuple(sorted(banks)), layout)
 
 
 def ptx_only_image(ptx: str, arch: str) -> bytes:

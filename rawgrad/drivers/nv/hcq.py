@@ -29,7 +29,7 @@ import numpy as np
 from rawgrad import config
 from rawgrad.compiler.ir import Ops, UOp, Variable
 from rawgrad.drivers.nv import pushbuf as pbuf
-from rawgrad.drivers.nv.cubin import NVCompiler, ProgramInfo, program_info
+from rawgrad.drivers.nv.cubin import NVCompiler, ProgramInfo, program_info, relocate
 from rawgrad.drivers.nv.device import GPU_VA_LIMIT, NVDevice
 from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, poll_until
 from rawgrad.drivers.nv.memory import NVBuffer, round_up
@@ -73,10 +73,6 @@ CBANK_STACK_POINTER = 0x28
 CBANK_DYNAMIC_SHARED = 0x2C
 INITIAL_STACK_POINTER = 0xFFFDC0
 CBANK_ALIGN = 64  # V04 binds bank VA >> 6; V03 is happy with it too
-# Banks other than 0 (PTX .const data) live after the image: 256-byte aligned like a QMD (more than V04's
-# 64 requires), sizes rounded to the QMD's 16-byte size unit.
-CONSTANT_BANK_ALIGN = 256
-CONSTANT_BANK_SIZE_ALIGN = 16
 
 # Launch shape: one thread per global index; this many threads per block unless the renderer says.
 DEFAULT_THREADS_PER_BLOCK = 128
@@ -535,23 +531,19 @@ class NVProgram(Program):
         if not self.info.has_sass and not device.is_mock:
             raise RuntimeError(f"{name}: the image has no SASS (built without ptxas or nvJitLink, e.g. on "
                                f"the mock); only the mock GPU runs PTX-only images")
-        # The file goes to VRAM verbatim (its .text is 128-byte aligned in the file), then each extra
-        # constant bank at its own aligned offset: a bank's file offset is only 4-byte aligned.
-        blob = bytearray(lib)
-        bank_offsets: list[tuple[int, int, int]] = []  # (bank index, image offset, bytes bound)
-        for index, data in self.info.constant_banks:
-            blob += bytes(round_up(len(blob), CONSTANT_BANK_ALIGN) - len(blob))
-            size = max(round_up(len(data), CONSTANT_BANK_SIZE_ALIGN), CONSTANT_BANK_SIZE_ALIGN)
-            bank_offsets.append((index, len(blob), size))
-            blob += data + bytes(size - len(data))
-        self.image = device.nv.alloc_vram(round_up(len(blob), PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
+        # The file goes to VRAM verbatim (its .text is 128-byte aligned in the file), followed by module
+        # data and bank copies, relocated for the address it lands at (cubin.image_layout).
+        layout = self.info.layout
+        assert layout is not None
+        self.image = device.nv.alloc_vram(round_up(layout.size, PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
         try:
-            device.copy_in(self.image.va, memoryview(bytes(blob)))
+            device.copy_in(self.image.va, memoryview(relocate(bytes(lib), layout, self.image.va)))
         except BaseException:
             device.nv.free(self.image)
             raise
         self.fn_addr: int = self.image.va + self.info.text_offset
-        self.constant_banks = tuple((index, self.image.va + off, size) for index, off, size in bank_offsets)
+        self.constant_banks = tuple((index, self.image.va + off, size)
+                                    for index, off, size in self.info.constant_banks)
         weakref.finalize(self, _free_image, weakref.ref(device), self.image)
 
 
