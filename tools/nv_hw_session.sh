@@ -3,17 +3,21 @@
 # session"). Each stage writes its log under $OUT (default ./nv-out) and the script goes on after a failed
 # stage, so one call answers as much as it can; the summary at the end says which stages passed.
 #
-#   tools/nv_hw_session.sh [stage ...]     stages: env smoke hw ops ci bench decode  (default: all)
+#   tools/nv_hw_session.sh [stage ...]   stages: env smoke hw ops ci bench decode full
+#                                        (default: env smoke hw ops bench, ~5 min; then `full decode` in a
+#                                        second call: the whole test suite with DEV=NV)
 #
 # Expects cffi/pycparser importable (carry them as wheels: the device README) and ptxas on PATH, under
-# /usr/local/cuda, or from the `nv` extra. Time: smoke ~1 min, hw+ops ~2 min, ci ~4 min, bench ~2 min.
+# /usr/local/cuda, or from the `nv` extra. Guesses: smoke ~1 min, hw+ops ~2 min, ci ~4 min, bench ~2 min,
+# full up to 8 min (every kernel assembled by ptxas once per call: the cache is in /tmp, not $OUT, which brings back at
+# most 8 files).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/nv-out}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" RAWGRAD_CACHE_DIR="$OUT/cache"
+export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" RAWGRAD_CACHE_DIR=/tmp/rawgrad-cache
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(env smoke hw ops ci bench decode)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(env smoke hw ops bench)
 declare -A RESULT
 
 stage() {  # stage NAME TIMEOUT_S COMMAND...
@@ -30,7 +34,8 @@ stage() {  # stage NAME TIMEOUT_S COMMAND...
 CI_FILES="tests/test_hcq_core.py tests/test_jit.py tests/test_jit_graph.py tests/test_jit_storage.py
   tests/test_ops_elementwise.py tests/test_ops_movement.py tests/test_ops_reduce.py tests/test_ops_nn.py
   tests/test_nn.py tests/test_nn_optim.py tests/test_tensor_random.py tests/test_codegen.py tests/test_gather.py
-  tests/test_assign_view.py tests/test_safetensors.py tests/test_autograd.py tests/test_autograd_api.py"
+  tests/test_assign_view.py tests/test_safetensors.py tests/test_autograd.py tests/test_autograd_api.py
+  tests/test_profile.py tests/test_schedule.py tests/test_tensor_basic.py tests/test_view.py"
 
 for s in "${STAGES[@]}"; do
   case $s in
@@ -42,6 +47,7 @@ for s in "${STAGES[@]}"; do
     # shellcheck disable=SC2086
     ci) DEV=NV stage ci 420 python3 -m pytest -q -p no:cacheprovider --durations=10 $CI_FILES ;;
     bench) DEV=NV stage bench 420 python3 -m rawgrad bench gpu ;;
+    full) DEV=NV stage full 480 python3 -m pytest -q -p no:cacheprovider --durations=15 tests ;;
     decode) DEV=NV stage decode 240 python3 -c "from rawgrad.models import gpt2; print(gpt2.bench_decode(64))" ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
