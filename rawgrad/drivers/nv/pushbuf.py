@@ -1,9 +1,10 @@
 """Typed builders for NVIDIA command descriptors and the queue encoders built from them.
 
 Everything here is pure: encoders append 32-bit words to a :class:`PushBuffer`; nothing touches a
-device. Field positions come from open-gpu-doc class headers (clc56f.h / clc86f.h host classes,
-clc7b5.h / clc8b5.h copy classes, clc7c0.h / clcbc0.h compute classes) as summarised in NV-FACTS
-sections 4 and 6.
+device. Field positions come from NVIDIA's class headers (clc56f.h / clc86f.h host classes,
+clc6b5.h / clc7b5.h / clc8b5.h copy classes, clc6c0.h / clc7c0.h / clc9c0.h / clcbc0.h compute classes,
+clc361.h usermode; NVIDIA/open-gpu-kernel-modules and NVIDIA/open-gpu-doc) as summarised in NV-FACTS
+sections 4 to 6; tests/nv/test_pushbuf_headers.py pins every value below to those headers.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ SUBCH_COPY = 4  # cla06fsubch.h NVA06F_SUBCHANNEL_COPY_ENGINE
 # Host (channel class) methods, clc56f.h / clc86f.h
 NVC56F_SET_OBJECT = 0x0000  # NVC56F_SET_OBJECT
 SET_OBJECT_NVCLASS = BitField(15, 0)  # NVC56F_SET_OBJECT_NVCLASS
-SET_OBJECT_ENGINE = BitField(20, 16)  # NVC56F_SET_OBJECT_ENGINE (0 = SW/default)
+SET_OBJECT_ENGINE = BitField(20, 16)  # NVC56F_SET_OBJECT_ENGINE (we send 0; ENGINE_SW is 0x1f)
 NVC56F_NON_STALL_INTERRUPT = 0x0020  # NVC56F_NON_STALL_INTERRUPT
 NVC56F_MEM_OP_A = 0x0028  # NVC56F_MEM_OP_A
 NVC56F_MEM_OP_B = 0x002C  # NVC56F_MEM_OP_B
@@ -217,7 +218,7 @@ USERMODE_TIME_1 = 0x84  # NVC361_TIME_1 (ns, high bits 28:0)
 USERMODE_NOTIFY_CHANNEL_PENDING = 0x90  # NVC361_NOTIFY_CHANNEL_PENDING (doorbell)
 
 # ---------------------------------------------------------------------------------------------
-# Compute class methods (clc7c0.h / clcbc0.h; offsets identical; NV-FACTS 5.1)
+# Compute class methods (clc6c0.h / clc7c0.h / clc9c0.h / clcbc0.h; offsets identical; NV-FACTS 5.1)
 NVC7C0_SET_OBJECT = 0x0000
 NVC7C0_NO_OPERATION = 0x0100
 NVC7C0_WAIT_FOR_IDLE = 0x0110
@@ -244,7 +245,7 @@ SHARED_MEMORY_WINDOW = 0x7294_0000_0000
 LOCAL_MEMORY_WINDOW = 0x7293_0000_0000
 
 # ---------------------------------------------------------------------------------------------
-# Copy engine (clc7b5.h / clc8b5.h; NV-FACTS 6.1)
+# Copy engine (clc6b5.h / clc7b5.h / clc8b5.h; offsets identical; NV-FACTS 6.1)
 NVC7B5_NOP = 0x0100
 NVC7B5_SET_SEMAPHORE_A = 0x0240  # upper VA bits
 NVC7B5_SET_SEMAPHORE_B = 0x0244  # lower VA bits
