@@ -238,7 +238,11 @@ def _check_bank(index: int, size: int) -> None:
 
 
 def _fields_v03() -> dict[str, BitRange]:
-    """NVC6C0_QMDV03_00_* (clc6c0qmd.h; identical in clc7c0qmd.h and clc9c0qmd.h), NV-FACTS 5.4."""
+    """NVC6C0_QMDV03_00_* (clc6c0qmd.h), NV-FACTS 5.4.
+
+    Checked bit for bit against NVIDIA's open-gpu-doc clc9c0qmd.h and clcbc0qmd.h (their V03_00 sections
+    agree) by tests/nv/test_qmd_headers.py; the Ampere clc6c0qmd.h / clc7c0qmd.h were not at hand to compare.
+    """
     f: dict[str, BitRange] = {
         "QMD_GROUP_ID": (133, 128),
         "SM_GLOBAL_CACHING_ENABLE": (134, 134),
@@ -296,7 +300,8 @@ def _fields_v03() -> dict[str, BitRange]:
 
 
 def _fields_v04() -> dict[str, BitRange]:
-    """NVCBC0_QMDV04_00_* (open-gpu-doc clcbc0qmd.h), NV-FACTS 5.5."""
+    """NVCBC0_QMDV04_00_* (open-gpu-doc clcbc0qmd.h), NV-FACTS 5.5; checked against that header by
+    tests/nv/test_qmd_headers.py."""
     f: dict[str, BitRange] = {
         "QMD_GROUP_ID": (21, 16),
         "QMD_TYPE": (25, 23),

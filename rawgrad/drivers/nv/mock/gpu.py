@@ -93,6 +93,7 @@ _COMPUTE_REPORT_UPPER_BITS = {abi.HOPPER_COMPUTE_A: 25}  # others: 8 (clc6c0.h S
 _QMD_BYTES = {abi.HOPPER_COMPUTE_A: 384}  # QMD V04 (clcbc0qmd.h); Ampere/Ada V03 = 256
 
 # --- QMD decoder (restated from NV-FACTS 5.4 / 5.5, independently of qmd.py): name -> (low bit, width) ---
+# tests/nv/test_qmd_headers.py checks each entry against NVIDIA's clc9c0qmd.h (V03_00), clcbc0qmd.h (V04_00).
 _V03 = {
     "major": (580, 4), "minor": (576, 4),
     "grid_x": (384, 32), "grid_y": (416, 16), "grid_z": (448, 16),
