@@ -176,6 +176,23 @@ class HWQueue:
         """For drivers that resolve some patch points for good (e.g. once a queue's address is fixed)."""
         self._patches, self._last, self._plan = patches, last, None
 
+    def _changed_words(self, vals: Mapping[UOp, int]) -> list[tuple[int, int, int]]:
+        """(patch position, word index, new word) of every patch point whose word differs under `vals`."""
+        mask = (1 << self.WORD_BITS) - 1
+        last = self._last
+        changed: list[tuple[int, int, int]] = []
+        for evaluate, expr, slots in self._plan if self._plan is not None else self._patch_plan():
+            try:
+                value = evaluate(vals)
+            except KeyError:
+                sym_eval(expr, vals)  # raises the KeyError that names the missing variable
+                raise
+            for pos, index, shift in slots:
+                word = (value >> shift) & mask
+                if last[pos] != word:
+                    changed.append((pos, index, word))
+        return changed
+
     def _patch_plan(self) -> list[PatchGroup]:
         by_expr: dict[UOp, list[tuple[int, int, int]]] = {}
         for pos, p in enumerate(self._patches):
@@ -260,25 +277,12 @@ class HWQueue:
         if self.bound_device is not None and self.bound_device is not device:
             raise ValueError(f"{self.name} is bound to {self.bound_device.name}, not {device.name}")
         if self._patches:
-            vals = var_vals if var_vals is not None else {}
-            mask = (1 << self.WORD_BITS) - 1
-            last = self._last
-            changed: list[tuple[int, int, int]] = []
-            for evaluate, expr, slots in self._plan if self._plan is not None else self._patch_plan():
-                try:
-                    value = evaluate(vals)
-                except KeyError:
-                    sym_eval(expr, vals)  # raises the KeyError that names the missing variable
-                    raise
-                for pos, index, shift in slots:
-                    word = (value >> shift) & mask
-                    if last[pos] != word:
-                        changed.append((pos, index, word))
+            changed = self._changed_words(var_vals if var_vals is not None else {})
             if changed:
                 self._before_patch(device)
                 for pos, index, word in changed:
                     self._set_word(index, word)
-                    last[pos] = word
+                    self._last[pos] = word
         self._submit(device)
         return self
 

@@ -288,16 +288,8 @@ class _NVQueue(HWQueue):
                 self._before_patch(dev)  # the block is rewritten in place: its previous run must be done
             words, last, block = self._words, self._last, self._bound_words
             assert block is not None
-            for evaluate, expr, slots in self._plan if self._plan is not None else self._patch_plan():
-                try:
-                    v = evaluate(vals)
-                except KeyError:
-                    sym_eval(expr, vals)  # raises the KeyError that names the missing variable
-                    raise
-                for pos, index, shift in slots:
-                    word = (v >> shift) & DWORD_MASK
-                    if last[pos] != word:
-                        words[index] = block[index] = last[pos] = word
+            for pos, index, word in self._changed_words(vals):
+                words[index] = block[index] = last[pos] = word
             self._array = None  # words() rebuilds its copy when asked
             self._retire[0] = ch.submit_bound(self._gp_entry, value)
         return self
