@@ -31,32 +31,13 @@ KernelArg = HCQBuffer | int | UOp
 
 def sym_eval(expr: UOp, var_vals: Mapping[UOp, int]) -> int:
     """Evaluate an integer expression over DEFINE_VARs with the values in `var_vals`."""
-    op = expr.op
-    if op is Ops.CONST:
-        return int(expr.arg)
-    if op is Ops.BIND:
-        return int(expr.src[1].arg)
-    if op is Ops.DEFINE_VAR:
-        if expr not in var_vals:
-            name, lo, hi = expr.arg
-            raise KeyError(f"no value for variable {name!r} (range [{lo}, {hi}]) in var_vals; "
-                           f"got {sorted(v.arg[0] for v in var_vals)}")
-        value = var_vals[expr]
-        name, lo, hi = expr.arg
-        if not lo <= value <= hi:
-            raise ValueError(f"variable {name!r} = {value} is outside its range [{lo}, {hi}]")
-        return int(value)
-    args = [sym_eval(s, var_vals) for s in expr.src]
-    fn = _EVAL.get(op)
-    if fn is None:
-        raise TypeError(f"cannot evaluate a {op} in a patch-point expression: {expr.render()}")
-    return fn(*args)
+    return compile_expr(expr)(var_vals)
 
 
 def compile_expr(expr: UOp) -> Callable[[Mapping[UOp, int]], int]:
-    """`expr` as a Python closure over `var_vals`: what `sym_eval` computes, without re-dispatching on the
-    node kinds each time (a replay evaluates the same few expressions over and over). A missing variable
-    raises a bare KeyError: callers re-run `sym_eval` for the descriptive message."""
+    """`expr` as a Python closure over `var_vals`, so an expression evaluated over and over (a replay's
+    patch points) does not re-dispatch on its node kinds each time. A missing variable is a KeyError naming
+    it, a value outside the variable's range a ValueError."""
     op = expr.op
     if op in (Ops.CONST, Ops.BIND):
         const = int(expr.arg if op is Ops.CONST else expr.src[1].arg)
@@ -65,10 +46,14 @@ def compile_expr(expr: UOp) -> Callable[[Mapping[UOp, int]], int]:
         name, lo, hi = expr.arg
 
         def variable(var_vals: Mapping[UOp, int]) -> int:
-            value = var_vals[expr]
+            try:
+                value = var_vals[expr]
+            except KeyError:
+                raise KeyError(f"no value for variable {name!r} (range [{lo}, {hi}]) in var_vals; "
+                               f"got {sorted(v.arg[0] for v in var_vals)}") from None
             if not lo <= value <= hi:
                 raise ValueError(f"variable {name!r} = {value} is outside its range [{lo}, {hi}]")
-            return value
+            return int(value)
         return variable
     fn = _EVAL.get(op)
     if fn is None:
@@ -107,9 +92,9 @@ class PatchPoint:
     shift: int = 0
 
 
-# The patch points of one expression: (its compiled evaluator, the expression, [(patch position in the
-# queue's patch list, word index, shift)]).
-PatchGroup = tuple[Callable[[Mapping[UOp, int]], int], UOp, list[tuple[int, int, int]]]
+# The patch points of one expression: (its compiled evaluator, [(patch position in the queue's patch
+# list, word index, shift)]).
+PatchGroup = tuple[Callable[[Mapping[UOp, int]], int], list[tuple[int, int, int]]]
 
 
 class HWQueue:
@@ -129,8 +114,8 @@ class HWQueue:
         self._refs: list[object] = []
         self._array: np.ndarray | None = None
         self._bound_words: np.ndarray | None = None
-        # (evaluate, expr, [(patch position, word index, shift)]) per distinct patch expression, built on the
-        # first submit after the patch points last changed
+        # one PatchGroup per distinct patch expression, built on the first submit after the patch points
+        # last changed
         self._plan: list[PatchGroup] | None = None
         self.bound_device: HCQDevice | None = None
         self.name = f"{type(self).__name__}@{id(self):#x}"
@@ -181,12 +166,8 @@ class HWQueue:
         mask = (1 << self.WORD_BITS) - 1
         last = self._last
         changed: list[tuple[int, int, int]] = []
-        for evaluate, expr, slots in self._plan if self._plan is not None else self._patch_plan():
-            try:
-                value = evaluate(vals)
-            except KeyError:
-                sym_eval(expr, vals)  # raises the KeyError that names the missing variable
-                raise
+        for evaluate, slots in self._plan if self._plan is not None else self._patch_plan():
+            value = evaluate(vals)
             for pos, index, shift in slots:
                 word = (value >> shift) & mask
                 if last[pos] != word:
@@ -197,7 +178,7 @@ class HWQueue:
         by_expr: dict[UOp, list[tuple[int, int, int]]] = {}
         for pos, p in enumerate(self._patches):
             by_expr.setdefault(p.expr, []).append((pos, p.index, p.shift))
-        self._plan = [(compile_expr(e), e, slots) for e, slots in by_expr.items()]
+        self._plan = [(compile_expr(e), slots) for e, slots in by_expr.items()]
         return self._plan
 
     def _set_word(self, index: int, value: int) -> None:
