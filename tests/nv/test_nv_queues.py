@@ -30,7 +30,7 @@ def test_release_writes_payload_and_timestamp(dev: NVDevice) -> None:
     dev.wait_signal(sig, 0x1234_5678_9ABC, timeout_s=5)
     assert read_u64(sig) == 0x1234_5678_9ABC
     assert before <= read_u64(sig + 8) <= dev.read_timer_ns()
-    assert dev.gp_get(dev.compute) == dev.compute.put  # GPGet caught up with GPPut
+    assert dev.compute.gp_get() == dev.compute.put  # GPGet caught up with GPPut
     rec = dev.alloc_signal()
     dev.copy.submit(pb.timestamp(pb.PushBuffer(), dev.host, rec))
     dev.copy.wait_idle()
@@ -115,7 +115,7 @@ def test_gpfifo_wraparound_with_backpressure() -> None:
             words_per_submit = len(q) + 6  # + the channel's retirement release
             d.compute.submit(q)
         d.compute.wait_idle(timeout_s=5)
-        assert read_u64(count) == 119 and d.compute.put == (1 + 1 + 7 + 112) % 8 == d.gp_get(d.compute)
+        assert read_u64(count) == 119 and d.compute.put == (1 + 1 + 7 + 112) % 8 == d.compute.gp_get()
         assert 112 * 4 * words_per_submit > 0x1000  # the pushbuffer ring really wrapped
     finally:
         d.close()

@@ -9,7 +9,7 @@ from typing import Any
 from rawgrad.drivers import osapi
 from rawgrad.drivers.nv import abi
 from rawgrad.drivers.nv import pushbuf as pbuf
-from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, poll_until, read_u32, read_u64, write_u64
+from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, poll_until, read_u64, write_u64
 from rawgrad.drivers.nv.memory import MemoryKind, NVBuffer, VARangeAllocator, round_up
 from rawgrad.drivers.nv.rm import UVM, NVError, RMClient, read_card_info, register_fd
 from rawgrad.drivers.osapi import OSInterface
@@ -608,9 +608,6 @@ class NVDevice:
             lo = self.os.mmio_read32(self.usermode_addr + pbuf.USERMODE_TIME_0)
             if self.os.mmio_read32(self.usermode_addr + pbuf.USERMODE_TIME_1) == hi:
                 return (hi << 32) | lo
-
-    def gp_get(self, ch: Channel) -> int:
-        return read_u32(ch.userd_addr + pbuf.USERD_GP_GET)
 
     # ==========================================================================================
     def synchronize(self, timeout_s: float | None = None) -> None:

@@ -36,21 +36,12 @@ def read_u32(addr: int) -> int:
     return int(_ffi.cast("volatile uint32_t *", addr)[0])
 
 
-def write_u32(addr: int, value: int) -> None:
-    _ffi.cast("volatile uint32_t *", addr)[0] = value & 0xFFFFFFFF
-
-
 def read_u64(addr: int) -> int:
     return int(_ffi.cast("volatile uint64_t *", addr)[0])
 
 
 def write_u64(addr: int, value: int) -> None:
     _ffi.cast("volatile uint64_t *", addr)[0] = value & ((1 << 64) - 1)
-
-
-def write_words(addr: int, words: list[int]) -> None:
-    arr = _ffi.new("uint32_t[]", words)
-    _ffi.memmove(_ffi.cast("void *", addr), arr, 4 * len(words))
 
 
 def write_bytes(addr: int, data: bytes) -> None:
@@ -179,12 +170,14 @@ class Channel:
         )
         return start
 
-    def _wait_gp_slots(self, count: int = 1) -> None:
-        def room() -> bool:
-            return (self.gp_get() - self.put - 1) % self.entries >= count
+    def _gp_slots_free(self, count: int) -> bool:
+        return (self.gp_get() - self.put - 1) % self.entries >= count
 
+    def _wait_gp_slots(self, count: int = 1) -> None:
+        if self._gp_slots_free(count):  # the usual case, checked before building the poll's closures
+            return
         poll_until(
-            room,
+            lambda: self._gp_slots_free(count),
             self.timeout_s,
             self._describe("a free GPFIFO entry", f"{count} free after GPPut {self.put}"),
             self.check_error,
@@ -234,8 +227,7 @@ class Channel:
             raise ValueError(f"{self.name}: a bound block must retire with {self.retire_value + 1}, "
                              f"not {value}")
         self.check_error()
-        if (self.gp_get() - self.put - 1) % self.entries < 1:
-            self._wait_gp_slots(1)
+        self._wait_gp_slots(1)
         self.retire_value = value
         self._publish([entry])
         return value

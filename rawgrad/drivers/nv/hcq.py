@@ -247,9 +247,11 @@ class _NVQueue(HWQueue):
         self._replace_patches(patches, last)
 
     def _before_patch(self, device: Any) -> None:
-        if self._block is not None and self._retire[0]:
-            # The block is rewritten in place: its previous run must have retired.
-            ch, want = self._channel(_as_nv(device)), self._retire[0]
+        if self._block is None or not self._retire[0]:
+            return
+        # The block is rewritten in place: its previous run must have retired.
+        ch, want = self._channel(_as_nv(device)), self._retire[0]
+        if ch.retired() < want:
             poll_until(lambda: ch.retired() >= want, ch.timeout_s,
                        lambda: f"{self.name}: previous run (retirement {want}) never retired", ch.check_error)
 
@@ -284,8 +286,7 @@ class _NVQueue(HWQueue):
             vals: dict[UOp, int] = {RETIRE_VALUE: value}
             if var_vals:
                 vals.update(var_vals)
-            if self._retire[0] and ch.retired() < self._retire[0]:
-                self._before_patch(dev)  # the block is rewritten in place: its previous run must be done
+            self._before_patch(dev)
             words, last, block = self._words, self._last, self._bound_words
             assert block is not None
             for pos, index, word in self._changed_words(vals):
@@ -526,7 +527,6 @@ class NVProgram(Program):
         # The file goes to VRAM verbatim (its .text is 128-byte aligned in the file), followed by module
         # data and bank copies, relocated for the address it lands at (cubin.image_layout).
         layout = self.info.layout
-        assert layout is not None
         self.image = device.nv.alloc_vram(round_up(layout.size, PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
         try:
             device.copy_in(self.image.va, memoryview(relocate(bytes(lib), layout, self.image.va)))

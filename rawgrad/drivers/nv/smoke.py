@@ -191,7 +191,7 @@ class SmokeRun:
         if read_u64(sig) != SEMAPHORE_PAYLOAD:
             raise AssertionError(f"payload {read_u64(sig):#x}, expected {SEMAPHORE_PAYLOAD:#x}")
         return {"timestamp_ns": stamp, "timestamp_minus_ptimer_ns": stamp - before,
-                "gp_get": nv.gp_get(nv.compute)}
+                "gp_get": nv.compute.gp_get()}
 
     def acquire(self) -> dict[str, Any]:
         from rawgrad.drivers.nv import pushbuf as pb
