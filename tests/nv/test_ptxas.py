@@ -176,7 +176,6 @@ def test_constant_bank_from_const_data() -> None:
     info = program_info(image, "lookup", "sm_90")
     ((index, offset, size),) = info.constant_banks
     assert index == 3 and offset % 256 == 0 and offset >= len(image) and size == 16
-    assert info.layout is not None
     blob = cubin.relocate(image, info.layout, 0x7000_0000)
     assert np.array_equal(np.frombuffer(blob[offset:offset + 16], np.float32), CONST_TABLE)
 
@@ -204,7 +203,7 @@ def test_relocations_place_module_globals() -> None:
     image = NVCompiler("sm_90", "ptxas", cache_dir="").compile(GLOBALS_KERNEL)
     info = program_info(image, "bump", "sm_90")
     layout = info.layout
-    assert layout is not None and layout.relocations
+    assert layout.relocations
     base = 0x12_3450_0000
     blob = cubin.relocate(image, layout, base)
     f = elf.ElfFile.parse(image)

@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import cffi
 
@@ -260,6 +260,16 @@ CONSTANT_BANK_SIZE_ALIGN = 16  # the QMD's bank size unit (SIZE_SHIFTED4)
 GLOBAL_DATA_PREFIX = ".nv.global"  # module .global data: PROGBITS (.init) or NOBITS (zeroed)
 
 
+class BankCopy(NamedTuple):
+    """A constant bank other than 0, copied to its own aligned place in the loaded image."""
+
+    bank: int  # the QMD constant buffer it is bound as
+    kernel: str  # the kernel it belongs to ("" for a module-scope bank)
+    offset: int  # where the copy lives, from the image base
+    size: int  # bytes bound: the section's size rounded up to the QMD's 16-byte unit
+    data: bytes
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     """How a kernel image sits in GPU memory at some base VA: the file verbatim (so `.text` offsets are
@@ -270,7 +280,7 @@ class ImageLayout:
 
     size: int
     section_offsets: dict[str, int]  # where each loaded section lives, as an offset from the base
-    banks: dict[str, tuple[int, int, int]]  # bank section name -> (bank index, image offset, bound bytes)
+    banks: tuple[BankCopy, ...]
     relocations: tuple[tuple[int, int, int], ...]
 
 
@@ -283,16 +293,16 @@ def image_layout(image: bytes, f: elf.ElfFile | None = None) -> ImageLayout:
             end = _align(end, max(s.align, 1))
             offsets[s.name] = end
             end += s.size
-    banks: dict[str, tuple[int, int, int]] = {}
+    banks: list[BankCopy] = []
     for s in f.sections:
         m = _CONSTANT_BANK_RE.fullmatch(s.name)
         if m is None or int(m.group(1)) == 0:
             continue  # bank 0 is filled per launch
         end = _align(end, CONSTANT_BANK_ALIGN)
-        banks[s.name] = (int(m.group(1)), end, max(_align(s.size, CONSTANT_BANK_SIZE_ALIGN),
-                                                      CONSTANT_BANK_SIZE_ALIGN))
+        size = max(_align(s.size, CONSTANT_BANK_SIZE_ALIGN), CONSTANT_BANK_SIZE_ALIGN)
+        banks.append(BankCopy(int(m.group(1)), m.group(2) or "", end, size, s.data))
         offsets[s.name] = end  # the bound copy is the one relocations must patch
-        end += banks[s.name][2]
+        end += size
     relocations: list[tuple[int, int, int]] = []
     for r in f.relocations:
         target = f.sections[r.section_index]
@@ -307,17 +317,14 @@ def image_layout(image: bytes, f: elf.ElfFile | None = None) -> ImageLayout:
                                       f"{home or 'no section'}, which is not loaded")
         relocations.append((offsets[target.name] + r.offset, r.type,
                             offsets[home] + r.symbol.value + r.addend))
-    return ImageLayout(end, offsets, banks, tuple(relocations))
+    return ImageLayout(end, offsets, tuple(banks), tuple(relocations))
 
 
 def relocate(image: bytes, layout: ImageLayout, base: int) -> bytes:
     """The bytes to upload at GPU VA `base`: file, global data, bank copies, relocations applied."""
-    f = elf.ElfFile.parse(image)
     blob = bytearray(image) + bytes(layout.size - len(image))
-    for s in f.sections:
-        if s.name in layout.banks:
-            _, at, _ = layout.banks[s.name]
-            blob[at:at + len(s.data)] = s.data
+    for bank in layout.banks:
+        blob[bank.offset:bank.offset + len(bank.data)] = bank.data
     for at, kind, target in layout.relocations:
         value = base + target
         if kind == R_CUDA_64:
@@ -346,9 +353,9 @@ class ProgramInfo:
     shared_bytes: int
     local_bytes: int  # per-thread local memory (SHADER_LOCAL_MEMORY_HIGH_SIZE)
     has_sass: bool
+    layout: ImageLayout  # how the file is placed in GPU memory (see image_layout)
     # constant banks other than 0 the kernel reads: (bank index, offset in the loaded image, bytes to bind)
-    constant_banks: tuple[tuple[int, int, int], ...] = ()
-    layout: ImageLayout | None = None  # how the file is placed in GPU memory (see image_layout)
+    constant_banks: tuple[tuple[int, int, int], ...]
 
     @property
     def param_bytes(self) -> int:
@@ -387,13 +394,12 @@ def program_info(image: bytes, name: str, arch: str) -> ProgramInfo:
     stack = attrs.get(EIATTR_MIN_STACK_SIZE)
     stack_bytes = struct.unpack_from("<II", stack)[1] if isinstance(stack, bytes) else 0
     shared = next((s.size for s in f.sections if s.name == NV_SHARED_PREFIX + name), 0)
-    banks = tuple((index, offset, size) for section, (index, offset, size) in layout.banks.items()
-                  if section.partition(".nv.constant")[2].partition(".")[2] in ("", name))
+    banks = sorted((b.bank, b.offset, b.size) for b in layout.banks if b.kernel in ("", name))
     return ProgramInfo(name, ptx, text.offset, text.size, param_offset, tuple(ptx_params(ptx, name)),
                        registers, shared, _align(stack_bytes + LOCAL_MEMORY_EXTRA, LOCAL_MEMORY_ROUND),
                        any(s.flags & elf.SHF_EXECINSTR and s.size > 0 and s.data.strip(b"\0")
                            for s in f.sections if s.name.startswith(TEXT_PREFIX)),
-                       tuple(sorted(banks)), layout)
+                       layout, tuple(banks))
 
 
 def ptx_only_image(ptx: str, arch: str) -> bytes:
