@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
+from collections.abc import Callable
 
-__all__ = ["CACHE_DIR_ENV", "DiskCache", "cache_folder"]
+__all__ = ["CACHE_DIR_ENV", "CompileCache", "DiskCache", "cache_folder", "content_key"]
 
 # Environment variable naming the cache root; an empty value disables the disk cache.
 CACHE_DIR_ENV = "RAWGRAD_CACHE_DIR"
@@ -86,3 +88,30 @@ class DiskCache:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+
+# Where CompileCache.get found an entry: the process's memory, the disk cache, or neither (built now).
+MEMORY, DISK, BUILT = "memory", "disk", "built"
+
+
+class CompileCache:
+    """What every compiler does with a content key: memory, then disk, then `build` (stored in both)."""
+
+    def __init__(self, folder: str | None, suffix: str) -> None:
+        self.disk = DiskCache(folder, suffix)
+        self._memory: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, build: Callable[[], bytes]) -> tuple[bytes, str]:
+        """(the artefact, where it came from: MEMORY, DISK or BUILT)."""
+        with self._lock:
+            hit = self._memory.get(key)
+        if hit is not None:
+            return hit, MEMORY
+        data, source = self.disk.get(key), DISK
+        if data is None:
+            data, source = build(), BUILT
+            self.disk.put(key, data)
+        with self._lock:
+            self._memory[key] = data
+        return data, source

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import llvmlite
 import llvmlite.binding as llvm
 
-from rawgrad.compiler.cache import DiskCache, cache_folder, content_key
+from rawgrad.compiler.cache import BUILT, DISK, MEMORY, CompileCache, cache_folder, content_key
 
 __all__ = ["CompileError", "CompileStats", "LLVMCompiler", "host_compiler"]
 
@@ -30,6 +30,8 @@ DEFAULT_RELOC = "pic"
 DEFAULT_CODE_MODEL = "small"
 # llvmlite's PipelineTuningOptions accepts speed levels 0..3 (-O0 .. -O3).
 MAX_OPT_LEVEL = 3
+# Which counter of CompileStats a cache lookup bumps.
+_STAT_BY_SOURCE = {MEMORY: "memory_hits", DISK: "disk_hits", BUILT: "compiles"}
 # How many lines of the offending IR a CompileError quotes.
 _IR_LINES_IN_ERROR = 12
 
@@ -115,9 +117,7 @@ class LLVMCompiler:
                                                 codemodel=code_model)
         self.target_key: str = "|".join([self.triple, cpu, features, f"O{opt_level}", reloc, code_model])
         self.cache_dir: str | None = cache_folder("llvm", cache_dir)
-        self._disk = DiskCache(self.cache_dir, ".o")
-        self._memory: dict[str, bytes] = {}
-        self._memory_lock = threading.Lock()
+        self._cache = CompileCache(self.cache_dir, ".o")
 
     def __repr__(self) -> str:
         return f"LLVMCompiler({self.target_key!r}, cache_dir={self.cache_dir!r})"
@@ -128,24 +128,11 @@ class LLVMCompiler:
 
     def compile(self, llvm_ir: str) -> bytes:
         """Return the ELF relocatable object for ``llvm_ir`` (memory cache, then disk cache, then LLVM)."""
-        key = self.cache_key(llvm_ir)
-        with self._memory_lock:
-            obj = self._memory.get(key)
-        if obj is not None:
-            self._count("memory_hits")
-            return obj
-        corrupt = self._disk.corrupt_entries
-        obj = self._disk.get(key)
-        if self._disk.corrupt_entries != corrupt:
+        corrupt = self._cache.disk.corrupt_entries
+        obj, source = self._cache.get(self.cache_key(llvm_ir), lambda: self._compile_uncached(llvm_ir))
+        if self._cache.disk.corrupt_entries != corrupt:
             self._count("corrupt_entries")
-        if obj is not None:
-            self._count("disk_hits")
-        else:
-            obj = self._compile_uncached(llvm_ir)
-            self._count("compiles")
-            self._disk.put(key, obj)
-        with self._memory_lock:
-            self._memory[key] = obj
+        self._count(_STAT_BY_SOURCE[source])
         return obj
 
     def _count(self, field: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import cffi
 
 from rawgrad.compiler import elf
-from rawgrad.compiler.cache import DiskCache, cache_folder, content_key
+from rawgrad.compiler.cache import BUILT, DISK, MEMORY, CompileCache, cache_folder, content_key
 
 __all__ = ["NVCompiler", "NoAssemblerError", "PTXAssemblyError", "PTXParam", "ProgramInfo", "append_section",
            "find_ptxas", "program_info", "write_elf"]
@@ -639,6 +639,10 @@ class NVCompileStats:
     disk_hits: int = 0
     ptx_only: int = 0
 
+    def count(self, source: str) -> None:
+        field = {MEMORY: "memory_hits", DISK: "disk_hits", BUILT: "assembled"}[source]
+        setattr(self, field, getattr(self, field) + 1)
+
 
 class NVCompiler:
     """PTX -> kernel image for one SM architecture.
@@ -667,9 +671,7 @@ class NVCompiler:
             why = ("NV_ASSEMBLER=none" if choice == "none"
                    else f"no ptxas or libnvJitLink found; {INSTALL_HINT}")
             raise NoAssemblerError(f"{arch} kernels need SASS, which needs an assembler: {why}")
-        self._disk = DiskCache(cache_folder("nv", cache_dir), ".cubin")
-        self._memory: dict[str, bytes] = {}
-        self._lock = threading.Lock()
+        self._cache = CompileCache(cache_folder("nv", cache_dir), ".cubin")
 
     def _pick(self, choice: str) -> PTXAssembler | _NVJitLink | None:
         if choice in ("auto", "ptxas"):
@@ -701,22 +703,14 @@ class NVCompiler:
         if self.backend is None:
             NVCompiler.stats.ptx_only += 1
             return ptx_only_image(src, self.arch)
-        identity = self.backend.identity
-        key = content_key(src, self.arch, identity)
-        with self._lock:
-            image = self._memory.get(key)
-        if image is not None:
-            NVCompiler.stats.memory_hits += 1
-            return image
-        image = self._disk.get(key)
-        if image is not None:
-            NVCompiler.stats.disk_hits += 1
-        else:
-            cubin = (self.backend.assemble(src, self.arch) if isinstance(self.backend, PTXAssembler)
-                     else self.backend.link(src, self.arch))
-            image = append_section(cubin, PTX_SECTION, src.encode())
-            NVCompiler.stats.assembled += 1
-            self._disk.put(key, image)
-        with self._lock:
-            self._memory[key] = image
+        image, source = self._cache.get(content_key(src, self.arch, self.backend.identity),
+                                        lambda: self._assemble(src))
+        NVCompiler.stats.count(source)
         return image
+
+    def _assemble(self, src: str) -> bytes:
+        backend = self.backend
+        assert backend is not None  # compile() makes PTX-only images itself when there is no assembler
+        cubin = backend.assemble(src, self.arch) if isinstance(backend, PTXAssembler) else backend.link(
+            src, self.arch)
+        return append_section(cubin, PTX_SECTION, src.encode())
