@@ -112,6 +112,7 @@ class QMD:
     GRID_NAMES: ClassVar[tuple[str, str, str]]
     INVALIDATE_FIELDS: ClassVar[tuple[str, ...]]
     RELEASE_SLOTS: ClassVar[int]
+    DEPENDENT_QMD_NAMES: ClassVar[tuple[str, str, str]]  # the chain's ACTION, PREFETCH and ENABLE fields
     NAME: ClassVar[str]
 
     def __init__(self) -> None:
@@ -203,13 +204,9 @@ class QMD:
 
     def program(self, address: Value, code_bytes: int) -> QMD:
         """Entry point VA (Ampere V03 and Hopper V04 both take the full VA) and the prefetch window."""
-        self.set("PROGRAM_ADDRESS_LOWER", sym_bits(address, 0, DWORD_BITS))
-        self.set("PROGRAM_ADDRESS_UPPER", sym_bits(address, DWORD_BITS, self._width("PROGRAM_ADDRESS_UPPER")))
-        shifted_lo = sym_bits(address, PROGRAM_PREFETCH_SHIFT, DWORD_BITS)
-        shifted_hi = sym_bits(address, PROGRAM_PREFETCH_SHIFT + DWORD_BITS,
-                              self._width("PROGRAM_PREFETCH_ADDR_UPPER_SHIFTED"))
-        self.set("PROGRAM_PREFETCH_ADDR_LOWER_SHIFTED", shifted_lo)
-        self.set("PROGRAM_PREFETCH_ADDR_UPPER_SHIFTED", shifted_hi)
+        self._set_split("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER", address)
+        self._set_split("PROGRAM_PREFETCH_ADDR_LOWER_SHIFTED", "PROGRAM_PREFETCH_ADDR_UPPER_SHIFTED", address,
+                        PROGRAM_PREFETCH_SHIFT)
         prefetch = min(code_bytes >> PROGRAM_PREFETCH_SHIFT, PROGRAM_PREFETCH_SIZE_MAX)
         self.set("PROGRAM_PREFETCH_SIZE", prefetch)
         return self
@@ -219,11 +216,28 @@ class QMD:
 
     def release(self, address: Value, payload: Value) -> bool:
         """Fold a 64-bit semaphore release (payload + timestamp) into the next free slot; False if full."""
+        if self.releases_used >= self.RELEASE_SLOTS:
+            return False
+        self._set_release(self.releases_used, address, payload)
+        self.releases_used += 1
+        return True
+
+    def _set_release(self, slot: int, address: Value, payload: Value) -> None:
         raise NotImplementedError
 
     def chain(self, next_qmd: Value) -> QMD:
         """Schedule the QMD at VA `next_qmd` (256-byte aligned) when this one completes."""
-        raise NotImplementedError
+        action, prefetch, enable = self.DEPENDENT_QMD_NAMES
+        self.set("DEPENDENT_QMD0_POINTER", sym_bits(next_qmd, QMD_POINTER_SHIFT, DWORD_BITS))
+        self.set(action, DEPENDENT_QMD_ACTION_SCHEDULE)
+        self.set(prefetch, 1)
+        return self.set(enable, 1)
+
+    def _set_split(self, lower: str, upper: str, value: Value, shift: int = 0) -> QMD:
+        """A value wider than a dword: bits [shift, shift + 32) into `lower`, the bits above into `upper`
+        (as many as that field holds)."""
+        self.set(lower, sym_bits(value, shift, DWORD_BITS))
+        return self.set(upper, sym_bits(value, shift + DWORD_BITS, self._width(upper)))
 
     def _width(self, name: str) -> int:
         hi, lo = self.FIELDS[name]
@@ -383,6 +397,7 @@ class QMDV03(QMD):
     INVALIDATE_FIELDS = ("INVALIDATE_TEXTURE_HEADER_CACHE", "INVALIDATE_TEXTURE_SAMPLER_CACHE",
                          "INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE")
     RELEASE_SLOTS = 2
+    DEPENDENT_QMD_NAMES = ("DEPENDENT_QMD0_ACTION", "DEPENDENT_QMD0_PREFETCH", "DEPENDENT_QMD0_ENABLE")
     NAME = "QMDV03"
 
     def _common(self) -> None:
@@ -392,33 +407,17 @@ class QMDV03(QMD):
     def constant_buffer(self, index: int, address: Value, size: int) -> QMD:
         _check_bank(index, size)
         self.set(f"CONSTANT_BUFFER_VALID{index}", 1)
-        self.set(f"CONSTANT_BUFFER_ADDR_LOWER{index}", sym_bits(address, 0, DWORD_BITS))
-        self.set(f"CONSTANT_BUFFER_ADDR_UPPER{index}",
-                 sym_bits(address, DWORD_BITS, self._width(f"CONSTANT_BUFFER_ADDR_UPPER{index}")))
+        self._set_split(f"CONSTANT_BUFFER_ADDR_LOWER{index}", f"CONSTANT_BUFFER_ADDR_UPPER{index}", address)
         self.set(f"CONSTANT_BUFFER_INVALIDATE{index}", 1)
         # The intended encoding is bytes >> 4 (clc6c0qmd.h SIZE_SHIFTED4), not the raw byte count.
         return self.set(f"CONSTANT_BUFFER_SIZE_SHIFTED4{index}", size >> CONSTANT_BUFFER_SIZE_SHIFT)
 
-    def release(self, address: Value, payload: Value) -> bool:
-        if self.releases_used >= self.RELEASE_SLOTS:
-            return False
-        i = self.releases_used
-        self.releases_used += 1
-        self.set(f"RELEASE{i}_ADDRESS_LOWER", sym_bits(address, 0, DWORD_BITS))
-        upper = self._width(f"RELEASE{i}_ADDRESS_UPPER")
-        self.set(f"RELEASE{i}_ADDRESS_UPPER", sym_bits(address, DWORD_BITS, upper))
+    def _set_release(self, i: int, address: Value, payload: Value) -> None:
+        self._set_split(f"RELEASE{i}_ADDRESS_LOWER", f"RELEASE{i}_ADDRESS_UPPER", address)
         self.set(f"RELEASE{i}_ENABLE", 1)
         self.set(f"RELEASE{i}_PAYLOAD64B", 1)
         self.set(f"RELEASE{i}_STRUCTURE_SIZE", RELEASE_STRUCTURE_FOUR_WORDS)
-        self.set(f"RELEASE{i}_PAYLOAD_LOWER", sym_bits(payload, 0, DWORD_BITS))
-        self.set(f"RELEASE{i}_PAYLOAD_UPPER", sym_bits(payload, DWORD_BITS, DWORD_BITS))
-        return True
-
-    def chain(self, next_qmd: Value) -> QMD:
-        self.set("DEPENDENT_QMD0_POINTER", sym_bits(next_qmd, QMD_POINTER_SHIFT, DWORD_BITS))
-        self.set("DEPENDENT_QMD0_ACTION", DEPENDENT_QMD_ACTION_SCHEDULE)
-        self.set("DEPENDENT_QMD0_PREFETCH", 1)
-        return self.set("DEPENDENT_QMD0_ENABLE", 1)
+        self._set_split(f"RELEASE{i}_PAYLOAD_LOWER", f"RELEASE{i}_PAYLOAD_UPPER", payload)
 
 
 class QMDV04(QMD):
@@ -434,6 +433,7 @@ class QMDV04(QMD):
                          "INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE",
                          "INVALIDATE_INSTRUCTION_CACHE", "INVALIDATE_SHADER_CONSTANT_CACHE")
     RELEASE_SLOTS = 3
+    DEPENDENT_QMD_NAMES = ("DEPENDENT_QMD_ACTION0", "DEPENDENT_QMD_PREFETCH0", "DEPENDENT_QMD_ENABLE0")
     NAME = "QMDV04"
 
     def _common(self) -> None:
@@ -446,34 +446,17 @@ class QMDV04(QMD):
             raise ValueError(f"V04 constant buffer VA {address:#x} must be 64-byte aligned")
         self.set(f"CONSTANT_BUFFER_VALID{index}", 1)
         self.set(f"CONSTANT_BUFFER_INVALIDATE{index}", 1)
-        self.set(f"CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6{index}",
-                 sym_bits(address, CONSTANT_BUFFER_V04_SHIFT, DWORD_BITS))
-        self.set(f"CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6{index}",
-                 sym_bits(address, CONSTANT_BUFFER_V04_SHIFT + DWORD_BITS,
-                          self._width(f"CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6{index}")))
+        self._set_split(f"CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6{index}",
+                        f"CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6{index}", address, CONSTANT_BUFFER_V04_SHIFT)
         return self.set(f"CONSTANT_BUFFER_SIZE_SHIFTED4{index}", size >> CONSTANT_BUFFER_SIZE_SHIFT)
 
-    def release(self, address: Value, payload: Value) -> bool:
-        if self.releases_used >= self.RELEASE_SLOTS:
-            return False
-        i = self.releases_used
-        self.releases_used += 1
+    def _set_release(self, i: int, address: Value, payload: Value) -> None:
         self.set(f"RELEASE_ENABLE{i}", 1)
         self.set(f"RELEASE_STRUCTURE_SIZE{i}", RELEASE_STRUCTURE_FOUR_WORDS)
         self.set(f"RELEASE_MEMBAR_TYPE{i}", RELEASE_MEMBAR_FE_SYSMEMBAR)
         self.set(f"RELEASE_PAYLOAD64B{i}", 1)
-        self.set(f"RELEASE_SEMAPHORE{i}_ADDR_LOWER", sym_bits(address, 0, DWORD_BITS))
-        self.set(f"RELEASE_SEMAPHORE{i}_ADDR_UPPER",
-                 sym_bits(address, DWORD_BITS, self._width(f"RELEASE_SEMAPHORE{i}_ADDR_UPPER")))
-        self.set(f"RELEASE_SEMAPHORE{i}_PAYLOAD_LOWER", sym_bits(payload, 0, DWORD_BITS))
-        self.set(f"RELEASE_SEMAPHORE{i}_PAYLOAD_UPPER", sym_bits(payload, DWORD_BITS, DWORD_BITS))
-        return True
-
-    def chain(self, next_qmd: Value) -> QMD:
-        self.set("DEPENDENT_QMD0_POINTER", sym_bits(next_qmd, QMD_POINTER_SHIFT, DWORD_BITS))
-        self.set("DEPENDENT_QMD_ACTION0", DEPENDENT_QMD_ACTION_SCHEDULE)
-        self.set("DEPENDENT_QMD_PREFETCH0", 1)
-        return self.set("DEPENDENT_QMD_ENABLE0", 1)
+        self._set_split(f"RELEASE_SEMAPHORE{i}_ADDR_LOWER", f"RELEASE_SEMAPHORE{i}_ADDR_UPPER", address)
+        self._set_split(f"RELEASE_SEMAPHORE{i}_PAYLOAD_LOWER", f"RELEASE_SEMAPHORE{i}_PAYLOAD_UPPER", payload)
 
 
 # Which layout each compute class takes (NV-FACTS 5.3).
