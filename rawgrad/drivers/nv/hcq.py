@@ -258,20 +258,17 @@ class _NVQueue(HWQueue):
     def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
         """Resolve patch points (this queue's own base address included) and submit to the channel."""
         dev = _as_nv(device)
-        if self._block is not None and self.bound_device is dev:
+        if self._block is not None:
+            if self.bound_device is not dev:
+                return super().submit(device, var_vals)  # raises: bound to another device
             return self._replay(dev, var_vals)
-        with dev.submit_lock:
+        with dev.submit_lock:  # an unbound queue: copied into the pushbuffer ring
             dev.check_fault()
             dev.reap()
             ch = self._channel(dev)
-            if self._block is not None:
-                base = self._block.va
-            else:
-                self._start = ch.reserve(DWORD * len(self._words), QUEUE_ALIGN)
-                base = ch.pb_addr + self._start
+            self._start = ch.reserve(DWORD * len(self._words), QUEUE_ALIGN)
             vals = dict(var_vals) if var_vals else {}
-            vals[QUEUE_BASE] = base
-            vals[RETIRE_VALUE] = ch.retire_value + 1
+            vals[QUEUE_BASE] = ch.pb_addr + self._start
             return super().submit(device, vals)
 
     def _replay(self, dev: NVHCQDevice, var_vals: Mapping[UOp, int] | None) -> HWQueue:
@@ -298,12 +295,9 @@ class _NVQueue(HWQueue):
     def _submit(self, device: Any) -> None:
         dev = _as_nv(device)
         ch = self._channel(dev)
-        wfi = isinstance(self, NVComputeQueue)  # launches read their QMD and bank from the block after fetch
-        if self._block is None:
-            data = self.words().astype(np.uint32).tobytes()
-            self._retire[0] = ch.commit(self._start, data, retire_wfi=wfi)
-        else:  # the block ends with its own retirement release (see _bind)
-            self._retire[0] = ch.submit_bound(self._gp_entry, ch.retire_value + 1)
+        wfi = isinstance(self, NVComputeQueue)  # launches read their QMD and bank from the ring after fetch
+        # (a bound queue never gets here: _replay submits it)
+        self._retire[0] = ch.commit(self._start, self.words().astype(np.uint32).tobytes(), retire_wfi=wfi)
 
 
 def copy_threads(nbytes: Value) -> Value:
