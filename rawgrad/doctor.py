@@ -394,6 +394,10 @@ class TracingOS:
     def store_fence(self) -> None:
         self.inner.store_fence()
 
+    def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
+                         token: int) -> Callable[[int, int], None]:
+        return self.inner.gpfifo_publisher(ring, entries, put_word, doorbell, token)
+
 
 def abi_surface(issued: Sequence[str], branch: str) -> list[AbiEntry]:
     """Every escape, UVM ioctl, RM class and control in abi.py's tables, with how often ``issued`` has it

@@ -4,17 +4,22 @@ Drivers never call libc, ``os`` or ``mmap`` directly: they receive an object imp
 :class:`OSInterface` at construction. Production code passes :class:`LibcOS` (libc through cffi);
 tests pass a mock kernel driver that emulates the device nodes with the same call surface.
 
-Besides the usual file calls the seam carries the two MMIO accessors and the store fence, because
-a doorbell write is the one place where a CPU store has a side effect a mock must observe.
+Besides the usual file calls the seam carries the two MMIO accessors, the store fence and the GPFIFO
+publish sequence (ring entry, fence, put index, fence, doorbell), because a doorbell write is the one place
+where a CPU store has a side effect a mock must observe. In production the fence and the publish sequence
+are native code (``rawgrad.drivers.mmio``).
 """
 
 from __future__ import annotations
 
 import errno as _errno
 import os
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import cffi
+
+from rawgrad.drivers.mmio import native_mmio
 
 # Linux x86-64 values, from <asm-generic/fcntl.h>, <asm-generic/mman-common.h>, <asm-generic/mman.h>.
 O_RDONLY = 0o0  # fcntl.h O_RDONLY
@@ -32,10 +37,6 @@ MAP_FIXED_NOREPLACE = 0x100000  # mman-common.h MAP_FIXED_NOREPLACE (Linux >= 4.
 MAP_FAILED = (1 << 64) - 1  # sys/mman.h MAP_FAILED ((void *)-1) as an unsigned address
 PAGE_SIZE = 4096  # x86-64 base page
 
-# glibc's pthread_mutex_t is 40 bytes on x86-64 (bits/pthreadtypes-arch.h __SIZEOF_PTHREAD_MUTEX_T);
-# an all-zero block is PTHREAD_MUTEX_INITIALIZER. We over-allocate to stay safe on other ABIs.
-_PTHREAD_MUTEX_BYTES = 64
-
 
 @runtime_checkable
 class OSInterface(Protocol):
@@ -51,6 +52,11 @@ class OSInterface(Protocol):
     def mmio_write32(self, addr: int, value: int) -> None: ...
     def mmio_read32(self, addr: int) -> int: ...
     def store_fence(self) -> None: ...
+    def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
+                         token: int) -> Callable[[int, int], None]:
+        """`publish(slot, entry)`: store the 64-bit `entry` at `ring[slot]`, store fence, store
+        `(slot + 1) % entries` at `put_word`, store fence, write `token` to the `doorbell` register."""
+        ...
 
 
 def os_error(call: str, err: int, detail: str = "") -> OSError:
@@ -67,8 +73,6 @@ int ioctl(int fd, unsigned long request, ...);
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
 int munmap(void *addr, size_t length);
 long read(int fd, void *buf, size_t count);
-int pthread_mutex_lock(void *mutex);
-int pthread_mutex_unlock(void *mutex);
 """
 
 
@@ -79,7 +83,6 @@ class LibcOS:
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CDEF)
         self.lib: Any = self.ffi.dlopen(None)
-        self._fence_mutex = self.ffi.new("char[]", _PTHREAD_MUTEX_BYTES)
 
     def open(self, path: str, flags: int) -> int:
         fd = self.lib.open(path.encode(), self.ffi.cast("int", flags), self.ffi.cast("int", 0))
@@ -125,8 +128,8 @@ class LibcOS:
         return int(self.ffi.cast("volatile uint32_t *", addr)[0])
 
     def store_fence(self) -> None:
-        # A locked read-modify-write (inside the mutex calls) drains the store and write-combining
-        # buffers on x86 (Intel SDM vol. 3 8.2.5 / 11.3.1); cffi cannot emit sfence itself.
-        # UNSURE on hardware: if doorbells race the GPPut store, replace with a compiled sfence.
-        self.lib.pthread_mutex_lock(self._fence_mutex)
-        self.lib.pthread_mutex_unlock(self._fence_mutex)
+        native_mmio().store_fence()
+
+    def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
+                         token: int) -> Callable[[int, int], None]:
+        return native_mmio().gpfifo_publisher(ring, entries, put_word, doorbell, token)

@@ -109,6 +109,7 @@ class NVDevice:
     ):
         self.os, self.index, self.timeout_s = os_iface, index, timeout_s
         self.name = f"NV:{index}"
+        self._channels: list[Channel] = []  # as they are made (a failed bring-up may have made one)
         self._cleanup: list[tuple[str, Callable[[], None]]] = []
         self.buffers: dict[int, NVBuffer] = {}
         self.closed = False
@@ -403,7 +404,7 @@ class NVDevice:
         self._on_close(f"UVM_UNREGISTER_CHANNEL {name}", unregister)
         pb = self.alloc_vram(pb_bytes)
         retire = self.alloc_signal()
-        return Channel(
+        channel = Channel(
             name=name,
             device_name=self.name,
             os_iface=self.os,
@@ -419,6 +420,8 @@ class NVDevice:
             notifier_addr=notifier.va,
             timeout_s=self.timeout_s,
         )
+        self._channels.append(channel)
+        return channel
 
     # ==========================================================================================
     # Memory
@@ -585,12 +588,12 @@ class NVDevice:
         return pbuf.sem_release(pb, self.host, self.timeline, self.timeline_value)
 
     def check_errors(self) -> None:
-        for ch in self.channels:
+        for ch in self._channels:  # on every replay: no list built here
             ch.check_error()
 
     @property
     def channels(self) -> list[Channel]:
-        return [c for c in (getattr(self, "compute", None), getattr(self, "copy", None)) if c is not None]
+        return list(self._channels)
 
     def wait_signal(self, addr: int, value: int, timeout_s: float | None = None) -> None:
         """Wait until the u64 at ``addr`` >= ``value``; DeviceTimeout names device, signal and values."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import errno
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,6 +323,20 @@ class MockNV:
 
     def store_fence(self) -> None:
         self.fence_count += 1
+
+    def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
+                         token: int) -> Callable[[int, int], None]:
+        """The publish sequence in Python: fences are counted and the doorbell goes to the mock GPU."""
+        ring_p = _ffi.cast("volatile uint64_t *", ring)
+        put_p = _ffi.cast("volatile uint32_t *", put_word)
+
+        def publish(slot: int, entry: int) -> None:
+            ring_p[slot] = entry
+            self.store_fence()
+            put_p[0] = (slot + 1) % entries
+            self.store_fence()
+            self.mmio_write32(doorbell, token)
+        return publish
 
     def mmio_write32(self, addr: int, value: int) -> None:
         with self.lock:
