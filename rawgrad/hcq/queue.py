@@ -9,14 +9,14 @@ replay is one patch pass plus one doorbell.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import UOp
 from rawgrad.hcq.allocator import HCQBuffer
+from rawgrad.hcq.patch import PatchGroup, PatchPoint, WordWriter, compile_expr, compile_word_writer, sym_eval
 from rawgrad.hcq.signal import Signal
 
 if TYPE_CHECKING:
@@ -27,74 +27,6 @@ __all__ = ["HWQueue", "KernelArg", "PatchPoint", "Value", "sym_eval"]
 
 Value = int | UOp
 KernelArg = HCQBuffer | int | UOp
-
-
-def sym_eval(expr: UOp, var_vals: Mapping[UOp, int]) -> int:
-    """Evaluate an integer expression over DEFINE_VARs with the values in `var_vals`."""
-    return compile_expr(expr)(var_vals)
-
-
-def compile_expr(expr: UOp) -> Callable[[Mapping[UOp, int]], int]:
-    """`expr` as a Python closure over `var_vals`, so an expression evaluated over and over (a replay's
-    patch points) does not re-dispatch on its node kinds each time. A missing variable is a KeyError naming
-    it, a value outside the variable's range a ValueError."""
-    op = expr.op
-    if op in (Ops.CONST, Ops.BIND):
-        const = int(expr.arg if op is Ops.CONST else expr.src[1].arg)
-        return lambda var_vals: const
-    if op is Ops.DEFINE_VAR:
-        name, lo, hi = expr.arg
-
-        def variable(var_vals: Mapping[UOp, int]) -> int:
-            try:
-                value = var_vals[expr]
-            except KeyError:
-                raise KeyError(f"no value for variable {name!r} (range [{lo}, {hi}]) in var_vals; "
-                               f"got {sorted(v.arg[0] for v in var_vals)}") from None
-            if not lo <= value <= hi:
-                raise ValueError(f"variable {name!r} = {value} is outside its range [{lo}, {hi}]")
-            return int(value)
-        return variable
-    fn = _EVAL.get(op)
-    if fn is None:
-        raise TypeError(f"cannot evaluate a {op} in a patch-point expression: {expr.render()}")
-    args = [compile_expr(s) for s in expr.src]
-    if len(args) == 1:
-        (a,) = args
-        return lambda var_vals: fn(a(var_vals))
-    if len(args) == 2:
-        a, b = args
-        return lambda var_vals: fn(a(var_vals), b(var_vals))
-    return lambda var_vals: fn(*(f(var_vals) for f in args))
-
-
-def _c_div(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
-_EVAL: dict[Ops, Any] = {
-    Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
-    Ops.IDIV: _c_div, Ops.MOD: lambda a, b: a - _c_div(a, b) * b, Ops.MAX: max, Ops.NEG: lambda a: -a,
-    Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.AND: lambda a, b: a & b,
-    Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b, Ops.CMPLT: lambda a, b: int(a < b),
-    Ops.CMPNE: lambda a, b: int(a != b), Ops.CMPEQ: lambda a, b: int(a == b),
-    Ops.WHERE: lambda c, a, b: a if c else b,
-}
-
-
-@dataclass(frozen=True)
-class PatchPoint:
-    """Word `index` holds bits [shift, shift + word bits) of the value of `expr`."""
-
-    index: int
-    expr: UOp
-    shift: int = 0
-
-
-# The patch points of one expression: (its compiled evaluator, [(patch position in the queue's patch
-# list, word index, shift)]).
-PatchGroup = tuple[Callable[[Mapping[UOp, int]], int], list[tuple[int, int, int]]]
 
 
 class HWQueue:
@@ -117,6 +49,7 @@ class HWQueue:
         # one PatchGroup per distinct patch expression, built on the first submit after the patch points
         # last changed
         self._plan: list[PatchGroup] | None = None
+        self._writer: WordWriter | None = None  # the same for a bound queue's replay, as generated code
         self.bound_device: HCQDevice | None = None
         self.name = f"{type(self).__name__}@{id(self):#x}"
 
@@ -155,11 +88,11 @@ class HWQueue:
     def _add_patch(self, p: PatchPoint) -> None:
         self._patches.append(p)
         self._last.append(None)
-        self._plan = None
+        self._plan = self._writer = None
 
     def _replace_patches(self, patches: list[PatchPoint], last: list[int | None]) -> None:
         """For drivers that resolve some patch points for good (e.g. once a queue's address is fixed)."""
-        self._patches, self._last, self._plan = patches, last, None
+        self._patches, self._last, self._plan, self._writer = patches, last, None, None
 
     def _changed_words(self, vals: Mapping[UOp, int]) -> list[tuple[int, int, int]]:
         """(patch position, word index, new word) of every patch point whose word differs under `vals`."""
@@ -173,6 +106,15 @@ class HWQueue:
                 if last[pos] != word:
                     changed.append((pos, index, word))
         return changed
+
+    def _write_changed_words(self, vals: Mapping[UOp, int], block: object) -> None:
+        """A bound queue's patch pass: every changed word into the host words, `block` (the bound copy,
+        anything indexable by word) and the last-written list, through the generated writer."""
+        writer = self._writer
+        if writer is None:
+            writer = self._writer = compile_word_writer(self._patches, self.WORD_BITS)
+        writer(vals, self._words, block, self._last)
+        self._array = None  # words() rebuilds its copy when asked
 
     def _patch_plan(self) -> list[PatchGroup]:
         by_expr: dict[UOp, list[tuple[int, int, int]]] = {}
@@ -266,6 +208,11 @@ class HWQueue:
                     self._last[pos] = word
         self._submit(device)
         return self
+
+    def busy(self, device: HCQDevice) -> bool:
+        """Whether a bound queue's last run may still be reading its words, so that a submit now would
+        first wait for it (False for a driver that never makes a submit wait)."""
+        return False
 
     # ------------------------------------------------------------------ driver hooks
     def _before_patch(self, device: HCQDevice) -> None:

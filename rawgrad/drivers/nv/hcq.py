@@ -222,6 +222,7 @@ class _NVQueue(HWQueue):
         view = np.frombuffer(ffi.buffer(ffi.cast("char *", buf.va), words.nbytes), dtype=np.uint32)
         view[:] = words
         self._bound_words = view
+        self._block_words = ffi.cast("uint32_t *", buf.va)  # the replay's writes: a typed pointer is fastest
         self._block = buf
         weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._channel(dev), self._retire)
         self._fold_queue_base(buf.va)
@@ -255,13 +256,16 @@ class _NVQueue(HWQueue):
             poll_until(lambda: ch.retired() >= want, ch.timeout_s,
                        lambda: f"{self.name}: previous run (retirement {want}) never retired", ch.check_error)
 
+    def busy(self, device: HCQDevice) -> bool:
+        return self._block is not None and self._channel(_as_nv(device)).retired() < self._retire[0]
+
     def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
         """Resolve patch points (this queue's own base address included) and submit to the channel."""
-        dev = _as_nv(device)
         if self._block is not None:
-            if self.bound_device is not dev:
+            if device is not self.bound_device:
                 return super().submit(device, var_vals)  # raises: bound to another device
-            return self._replay(dev, var_vals)
+            return self._replay(device, var_vals)  # type: ignore[arg-type]  # bound: an NVHCQDevice
+        dev = _as_nv(device)
         with dev.submit_lock:  # an unbound queue: copied into the pushbuffer ring
             dev.check_fault()
             dev.reap()
@@ -272,8 +276,8 @@ class _NVQueue(HWQueue):
             return super().submit(device, vals)
 
     def _replay(self, dev: NVHCQDevice, var_vals: Mapping[UOp, int] | None) -> HWQueue:
-        """A bound queue's submit, kept short because it is TinyJit's replay: evaluate the (few) patch
-        expressions, rewrite the words that changed in the block, then one GP entry + doorbell."""
+        """A bound queue's submit, kept short because it is TinyJit's replay: the generated patch writer
+        rewrites the words that changed in the block, then one GP entry + doorbell."""
         ch = self._channel(dev)
         with dev.submit_lock:
             dev.check_fault()
@@ -283,12 +287,9 @@ class _NVQueue(HWQueue):
             vals: dict[UOp, int] = {RETIRE_VALUE: value}
             if var_vals:
                 vals.update(var_vals)
-            self._before_patch(dev)
-            words, last, block = self._words, self._last, self._bound_words
-            assert block is not None
-            for pos, index, word in self._changed_words(vals):
-                words[index] = block[index] = last[pos] = word
-            self._array = None  # words() rebuilds its copy when asked
+            if ch._retired[0] < self._retire[0]:  # the block is rewritten in place: its last run must be done
+                self._before_patch(dev)
+            self._write_changed_words(vals, self._block_words)
             self._retire[0] = ch.submit_bound(self._gp_entry, value)
         return self
 
