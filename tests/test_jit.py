@@ -250,3 +250,34 @@ def test_numpy_inside_capture_is_an_error() -> None:
     jitted(Tensor(np.ones(2, np.float32)))
     with pytest.raises(RuntimeError, match="inside a TinyJit-captured function"):
         jitted(Tensor(np.ones(2, np.float32)))
+
+
+def test_a_replay_queued_behind_a_running_one_uses_a_second_bound_copy() -> None:
+    from rawgrad.hcq.graph import MAX_BOUND_COPIES
+
+    dev = Device[Device.DEFAULT]
+    f = TinyJit(lambda x: (x * 2 + 1).realize())
+    x = Tensor(np.arange(8, dtype=np.float32)).realize()
+    for _ in range(3):  # eager, capture, first replay
+        f(x)
+    dev.synchronize()
+    assert f.last is not None
+    graph = f.last._graphs[0]
+    assert len(graph.copies) == 1  # replays on an idle device never need a second copy
+    # Hold the device's timeline behind a gate the host opens later: the next replays cannot run yet.
+    gate, timeline = dev.new_signal(0, name="test gate"), dev.timeline_signal
+    value = dev.timeline_value
+    dev.queue().wait(timeline, value - 1).wait(gate, 1).signal(timeline, value).submit(dev)
+    dev.timeline_value = value + 1
+    try:
+        f(x)  # the bound copy is idle: queued behind the gate
+        out = f(x)  # that copy is now queued, not retired: a second copy instead of a wait
+        assert len(graph.copies) == MAX_BOUND_COPIES == 2
+    finally:
+        gate.value = 1
+    np.testing.assert_array_equal(out.numpy(), np.arange(8, dtype=np.float32) * 2 + 1)
+    first, second = graph.copies
+    for _ in range(4):  # from now on the copies take turns
+        f(x)
+    assert len(graph.copies) == 2 and graph.copies[0] is first and graph.copies[1] is second
+    np.testing.assert_array_equal(f(x).numpy(), np.arange(8, dtype=np.float32) * 2 + 1)

@@ -12,6 +12,11 @@ patch points stay symbolic, and the queue is bound once. A replay is `HWQueue.su
 the queue rewrites the words whose value changed and rings one doorbell (on the CPU one RUN_BLOCK record,
 so no Python runs per kernel).
 
+A bound queue is patched in place, so a replay must wait until the previous run of that queue has retired.
+To let the host queue replay k+1 while the device still runs replay k, the graph keeps up to
+`MAX_BOUND_COPIES` bound copies and takes them in turn; a second copy is only made the first time a replay
+finds the copy it wants still running, so a loop that synchronizes every step never pays for one.
+
 With PROFILE=1 a template can be encoded with `timestamp` commands around each kernel (`profile=True`);
 their signals are relocations too, filled by the HCQGraph with signals it owns, and each replay's
 timestamps are recorded by hcq.profile. A template built without it has no extra commands.
@@ -37,6 +42,9 @@ __all__ = ["ARENA_ALIGNMENT", "CopyCommand", "HCQGraph", "KernelCommand", "Queue
 
 # Addresses and timeline values are unsigned 64-bit words.
 WORD64_MAX = 2**64 - 1
+# Bound copies of a graph's queue: two is double buffering, enough for the host to queue the next replay
+# while the device runs the current one.
+MAX_BOUND_COPIES = 2
 # Arena offsets are aligned to this many bytes: more than any vector load the renderers emit assumes
 # (an AVX-512 register is 64 bytes) and a multiple of every cache line we care about.
 ARENA_ALIGNMENT = 256
@@ -208,7 +216,10 @@ class HCQGraph:
         for k, (start, end) in enumerate(self.profile_pairs):
             full[profile_var(k, end=False)], full[profile_var(k, end=True)] = start.address, end.address
         self.device, self.template, self.programs = device, template, list(programs)
+        self._relocs = full
         self.queue = _instantiate(template, device, full)
+        self.copies = [self.queue]  # bound copies, replayed in turn (see the module docstring)
+        self._next_copy = 0
         self.patch_variables = sorted({v for p in self.queue.patch_points for v in p.expr.variables()},
                                       key=lambda v: v.arg)
 
@@ -222,12 +233,19 @@ class HCQGraph:
         value = dev.timeline_value
         vals = dict(var_vals)
         vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
-        self.queue.submit(dev, vals)
+        k = self._next_copy
+        queue = self.copies[k]
+        if len(self.copies) < MAX_BOUND_COPIES and queue.busy(dev):
+            queue = _instantiate(self.template, dev, self._relocs)  # instead of waiting for `queue` to retire
+            self.copies.append(queue)
+            k = len(self.copies) - 1
+        queue.submit(dev, vals)
+        self._next_copy = (k + 1) % len(self.copies)
         # Only reserve the value once the work is queued: a refused submit must not leave a gap that
         # a later synchronize would wait on forever.
         dev.timeline_value = value + 1
         if self.profile_pairs:
-            PROFILER.add(dev, value, self.template.profile_names, self.profile_pairs, REPLAY, self.queue.name,
+            PROFILER.add(dev, value, self.template.profile_names, self.profile_pairs, REPLAY, queue.name,
                          owner=self)
         return value
 

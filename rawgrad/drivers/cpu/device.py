@@ -217,6 +217,9 @@ class CPUQueue(HWQueue):
         self._block = (addr, nbytes)
         weakref.finalize(self, dev.os.munmap, addr, nbytes)
 
+    def busy(self, device: HCQDevice) -> bool:
+        return self._block is not None and self._last_run_end > _as_cpu(device)._read_signal.value
+
     def _before_patch(self, device: Any) -> None:
         if self._block is not None and self._last_run_end:
             # The block is patched in place: its previous run must have retired first.
