@@ -22,6 +22,11 @@ class DType:
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
 
+    def __hash__(self) -> int:
+        # Every UOp key hashes its dtype: the name alone (equal dtypes have equal names) instead of the
+        # generated hash over all six fields.
+        return hash(self.name)
+
     @property
     def is_float(self) -> bool:
         return self.kind == "f"

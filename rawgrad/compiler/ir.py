@@ -23,6 +23,10 @@ from rawgrad.dtype import DType, dtypes, truncate_value
 
 
 class Ops(Enum):
+    # Members are singletons compared by identity: hash them by identity too, in C (Enum's own __hash__
+    # is Python code hashing the name, and every UOp key hashes its op).
+    __hash__ = object.__hash__
+
     # ---- graph roots / sources
     SINK = auto()
     DEVICE = auto()  # arg: device name
@@ -110,16 +114,26 @@ MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
 REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}
 
 
+# Markers no arg can contain, so a tagged key never equals the key of another arg.
+_FLOAT_KEY, _BOOL_KEY, _TUPLE_KEY = object(), object(), object()
+
+
 def _arg_key(arg: Any) -> Any:
-    """A hashable key that keeps apart args Python calls equal (0.0 vs -0.0, 1 vs True vs 1.0)."""
-    if isinstance(arg, float):
-        return ("f", struct.pack("<d", arg))
-    if isinstance(arg, bool):
-        return ("b", arg)
-    if isinstance(arg, int):
-        return ("i", arg)
-    if isinstance(arg, tuple):
-        return ("t",) + tuple(_arg_key(a) for a in arg)
+    """A hashable key that keeps apart args Python calls equal (0.0 vs -0.0, 1 vs True vs 1.0). Ints,
+    strings, None and tuples of only those (most args) are their own key: no key is built for them."""
+    kind = type(arg)
+    if kind is int or kind is str or arg is None:
+        return arg
+    if kind is tuple:
+        for a in arg:
+            k = type(a)
+            if not (k is int or k is str or a is None):
+                return (_TUPLE_KEY,) + tuple(_arg_key(a) for a in arg)
+        return arg
+    if kind is float:
+        return (_FLOAT_KEY, struct.pack("<d", arg))
+    if kind is bool:
+        return (_BOOL_KEY, arg)
     return arg
 
 

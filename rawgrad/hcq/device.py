@@ -88,6 +88,7 @@ class DeviceRegistry:
     def __init__(self) -> None:
         self._drivers: dict[str, tuple[Factory, Probe, int]] = {}
         self._instances: dict[str, HCQDevice] = {}
+        self._canonical: dict[str, str] = {}  # names already checked (every buffer lookup canonicalizes)
         self._lock = threading.RLock()
         self._drivers_loaded = False
         self._atexit_registered = False
@@ -119,6 +120,9 @@ class DeviceRegistry:
 
     def canonicalize(self, name: str) -> str:
         """"cpu" -> "CPU", "nv:0" -> "NV", "nv:1" -> "NV:1"; ValueError for unknown kinds."""
+        known = self._canonical.get(name) if isinstance(name, str) else None
+        if known is not None:
+            return known
         if not isinstance(name, str) or not name:
             raise ValueError(f"device name must be a non-empty string, got {name!r}")
         kind, _, index = name.strip().partition(":")
@@ -130,7 +134,9 @@ class DeviceRegistry:
             raise ValueError(f"unknown device {name!r}; known devices: {', '.join(self.known)}{extra}")
         if index and not index.isdigit():
             raise ValueError(f"device index in {name!r} must be a non-negative integer")
-        return kind if index in ("", "0") else f"{kind}:{int(index)}"
+        full = kind if index in ("", "0") else f"{kind}:{int(index)}"
+        self._canonical[name] = full
+        return full
 
     def __getitem__(self, name: str) -> HCQDevice:
         full = self.canonicalize(name)

@@ -24,7 +24,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from rawgrad import config
 from rawgrad.compiler.ir import Ops, UOp
@@ -127,9 +127,9 @@ def _same_value(a: Any, b: Any) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class TensorGuard:
-    """What a Tensor argument must look like to reuse a capture."""
+class TensorGuard(NamedTuple):
+    """What a Tensor argument must look like to reuse a capture. (A NamedTuple: every call builds and
+    hashes one per Tensor argument, and a tuple does both in C.)"""
 
     shape: tuple[Any, ...]  # bound Variables replaced by the Variable
     dtype: DType
@@ -273,10 +273,13 @@ class CapturedGraph:
         return outs
 
 
+# Made once per slot: building (interning) a UOp costs microseconds, and every replay needs these keys.
+@functools.cache
 def _input_var(slot: int) -> UOp:
     return address_var(f"jit.input{slot}")
 
 
+@functools.cache
 def _output_var(k: int) -> UOp:
     return address_var(f"jit.output{k}")
 

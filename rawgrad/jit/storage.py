@@ -53,6 +53,8 @@ def _enc(x: Any) -> Any:
     """A JSON value that `_dec` turns back into an equal (and equally hashable) Python value."""
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
+    if isinstance(x, TensorGuard):  # before tuple: a guard is a NamedTuple
+        return {"guard": [_enc(x.shape), x.dtype.name, x.device, x.buffer_size]}
     if isinstance(x, tuple):
         return {"tuple": [_enc(y) for y in x]}
     if isinstance(x, list):
@@ -64,8 +66,6 @@ def _enc(x: Any) -> Any:
                         [_enc(s) for s in x.src]]}
     if isinstance(x, DType):
         return {"dtype": x.name}
-    if isinstance(x, TensorGuard):
-        return {"guard": [_enc(x.shape), x.dtype.name, x.device, x.buffer_size]}
     raise GraphFileError(f"cannot save a value of type {type(x).__name__} ({x!r:.60}) in a graph file; "
                          f"non-Tensor arguments and returned values must be None, bool, int, float, str "
                          f"or containers of those")
