@@ -179,8 +179,10 @@ def test_wait_times_out_then_completes(dev: NVHCQDevice) -> None:
     sig = dev.new_signal(0)
     dev.queue().wait(sig, 1).signal(dev.timeline_signal, dev.timeline_value).submit(dev)
     dev.timeline_value += 1
-    with pytest.raises(DeviceTimeout, match="NV: synchronize timed out.*timeline >= 1"):
+    with pytest.raises(DeviceTimeout, match="NV: synchronize timed out.*timeline >= 1") as e:
         dev.synchronize(timeout_s=0.1)
+    assert "compute channel: GPGet" in str(e.value) and "copy channel: GPGet" in str(e.value)
+    assert "Work on the compute channel has not retired" in str(e.value)
     sig.value = 1  # the GPU was really waiting: releasing it lets the work finish
     dev.synchronize(timeout_s=5)
 

@@ -37,7 +37,7 @@ from rawgrad.drivers.nv.qmd import QMD, qmd_for_class, sym_bits
 from rawgrad.drivers.osapi import LibcOS, OSInterface
 from rawgrad.hcq.allocator import Allocator, HCQBuffer
 from rawgrad.hcq.device import HCQDevice
-from rawgrad.hcq.errors import DeviceFault
+from rawgrad.hcq.errors import DeviceFault, DeviceTimeout
 from rawgrad.hcq.memory import ffi
 from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
@@ -659,8 +659,26 @@ class NVHCQDevice(HCQDevice):
             raise DeviceFault(f"{e}{detail}") from e
 
     def synchronize(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        super().synchronize(timeout_s)
+        try:
+            super().synchronize(timeout_s)
+        except DeviceTimeout as e:
+            raise DeviceTimeout(e.device, e.queue, e.signal, e.expected, e.current, e.timeout_s,
+                                self.progress_report()) from None
         self.reap()
+
+    def progress_report(self) -> str:
+        """Where each channel stands, for a timeout message: GP entries fetched of those published and
+        submissions retired of those made, and what a channel that stopped short means."""
+        channels = self.nv.channels
+        where = "; ".join(f"{ch.name} channel: GPGet {ch.gp_get()} of GPPut {ch.put}, retired {ch.retired()} "
+                          f"of {ch.retire_value}" for ch in channels)
+        stuck = [ch.name for ch in channels if ch.retired() < ch.retire_value]
+        if not stuck:
+            return where
+        return (f"{where}. Work on the {' and '.join(stuck)} channel has not retired: a wait on a signal "
+                f"nobody releases, or a kernel that does not finish. A running kernel cannot be preempted; "
+                f"if it is hung, close the device (Device.close('{self.name}') or process exit) to free "
+                f"the channels")
 
     # -- deferred frees ---------------------------------------------------------------------------------
     def defer_free(self, buf: NVBuffer, ready: Callable[[], bool]) -> None:
