@@ -64,11 +64,13 @@ def test_run_on_mock_writes_every_section(nv: str, tmp_path: Path, monkeypatch: 
     assert queue_row["timestamps_ordered"] and queue_row["timestamps_valid"] and queue_row["gpu_within_wall"]
     graph_row = res["dispatch"]["rawgrad_graph"]["chains"][str(CHAIN)]
     assert graph_row["timestamps_valid"] and graph_row["gpu_within_wall"]
+    assert graph_row["pipelined_replays"] == 2 and _positive(graph_row["pipelined_us_per_replay"])
+    assert graph_row["bound_copies"] in (1, 2)  # 2 when the second replay was queued before the first ran
     clock = res["device"]["clock"]
     assert clock["timestamp_between_ptimer_reads"] and 0.5 < clock["ptimer_ns_per_host_ns"] < 2
     # the empty kernel really ran CHAIN times per replay: queue 1 + 2 replays, graph (1 + 2) host-timed
-    # and (1 + 2) bracketed replays
-    assert len(_empty_launches(dev)) - before == CHAIN * (3 + 3 + 3)
+    # and (1 + 2) bracketed replays, then 2 pipelined ones
+    assert len(_empty_launches(dev)) - before == CHAIN * (3 + 3 + 3 + 2)
 
     # no CUDA on this machine: recorded with the reason, not raised; no ratio without it
     cuda = res["dispatch"]["cuda_graph"]
@@ -268,7 +270,9 @@ def test_cupy_graph_path_on_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, nvrtc_f
     row = out["chains"]["10"]
     assert row["held_fraction"] == 1.0
     assert row["gpu_us_per_kernel"] == pytest.approx(_FakeStream.GRAPH_GPU_NS / 10 / 1e3)
-    assert fake.launched == 2 * 3 * (1 + 3)  # per length: host pass, unheld and held event passes
+    # per length: host pass, unheld and held event passes (warm-up + 3 each), then 3 pipelined launches
+    assert fake.launched == 2 * (3 * (1 + 3) + 3)
+    assert row["pipelined_replays"] == 3 and row["pipelined_us_per_replay"] > 0
     if nvrtc_fails:  # the driver JIT got rawgrad's own empty kernel and the PTX spin loop
         assert "nvrtc" in out["nvrtc_error"] and "PTX JIT" in out["compiled_by"]
         assert ".target sm_90" in fake.loaded_ptx[0] and bench_gpu.SPIN_CUDA_NAME in fake.loaded_ptx[0]
@@ -407,7 +411,7 @@ def test_torch_paths_on_a_fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises: the torch fallback runs
     out = bench_gpu.cuda_graph_dispatch([4], repeats=2, warmup=1)
     assert "NOT empty" in out["kernel"] and "cupy not importable" in out["fallback_because"]
-    assert out["chains"]["4"]["held_fraction"] == 1.0 and fake.replays == 3 * (1 + 2)
+    assert out["chains"]["4"]["held_fraction"] == 1.0 and fake.replays == 3 * (1 + 2) + 2  # + 2 pipelined
     bw = bench_gpu.torch_copy_bandwidth(1000, repeats=2, warmup=1)
     assert bw["copy_check_passed"] and bw["held_by_spin"]
     assert bw["copy_ms"] == pytest.approx(2e-3) and bw["copy_gbs"] == pytest.approx(2 * 4 * 1000 / 2e-6 / 1e9)
