@@ -1124,7 +1124,9 @@ def format_table(res: dict[str, Any]) -> str:
     for path in ("rawgrad_queue", "rawgrad_graph"):
         gpu_r = ratios.get(f"{path}_gpu_per_kernel_vs_cuda_graph")
         host_r = ratios.get(f"{path}_host_per_replay_vs_cuda_graph")
-        lines.append(f"  {path:14s} GPU per kernel {_f(gpu_r)}   host per replay {_f(host_r)}")
+        line = f"  {path:14s} GPU per kernel {_f(gpu_r)}   host per replay {_f(host_r)}"
+        pipelined = ratios.get(f"{path}_pipelined_per_replay_vs_cuda_graph")
+        lines.append(line + (f"   pipelined per replay {_f(pipelined)}" if pipelined is not None else ""))
     bw_jit = ratios.get("bandwidth_tinyjit_vs_torch_copy")
     bw_kernel = ratios.get("bandwidth_kernel_vs_torch_copy")
     lines.append(f"  bandwidth rawgrad / torch copy: TinyJit {_f(bw_jit)}, kernel alone {_f(bw_kernel)} "
