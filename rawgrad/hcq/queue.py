@@ -10,7 +10,7 @@ replay is one patch pass plus one doorbell.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,7 +45,8 @@ class HWQueue:
         self._last: list[int | None] = []
         self._refs: list[object] = []
         self._array: np.ndarray | None = None
-        self._bound_words: np.ndarray | None = None
+        # the bound copy of the words, indexable by word (a numpy array or a typed cffi pointer)
+        self._bound_words: Any = None
         # one PatchGroup per distinct patch expression, built on the first submit after the patch points
         # last changed
         self._plan: list[PatchGroup] | None = None
@@ -107,13 +108,13 @@ class HWQueue:
                     changed.append((pos, index, word))
         return changed
 
-    def _write_changed_words(self, vals: Mapping[UOp, int], block: object) -> None:
-        """A bound queue's patch pass: every changed word into the host words, `block` (the bound copy,
-        anything indexable by word) and the last-written list, through the generated writer."""
+    def _write_changed_words(self, vals: Mapping[UOp, int]) -> None:
+        """A bound queue's patch pass: every changed word into the host words, the bound copy and the
+        last-written list, through the generated writer."""
         writer = self._writer
         if writer is None:
             writer = self._writer = compile_word_writer(self._patches, self.WORD_BITS)
-        writer(vals, self._words, block, self._last)
+        writer(vals, self._words, self._bound_words, self._last)
         self._array = None  # words() rebuilds its copy when asked
 
     def _patch_plan(self) -> list[PatchGroup]:

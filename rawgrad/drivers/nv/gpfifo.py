@@ -108,13 +108,12 @@ class Channel:
         self.gpfifo_addr, self.entries, self.userd_addr = gpfifo_addr, entries, userd_addr
         self.pb_addr, self.pb_bytes, self.doorbell_addr = pb_addr, pb_bytes, doorbell_addr
         self.retire_addr, self.notifier_addr, self.timeout_s = retire_addr, notifier_addr, timeout_s
-        # Typed pointers made once: the replay path reads and writes these words on every submit.
-        self._gp_put = _ffi.cast("volatile uint32_t *", userd_addr + pbuf.USERD_GP_PUT)
+        # Typed pointers made once: the replay path reads these words on every submit.
         self._gp_get = _ffi.cast("volatile uint32_t *", userd_addr + pbuf.USERD_GP_GET)
         self._retired = _ffi.cast("volatile uint64_t *", retire_addr)
         self._notifier_status = None if notifier_addr is None else _ffi.cast(
             "volatile uint16_t *", notifier_addr + NOTIFIER_STATUS_OFFSET)
-        self.put = int(self._gp_put[0])
+        self.put = read_u32(userd_addr + pbuf.USERD_GP_PUT)
         self._publish_entry = os_iface.gpfifo_publisher(gpfifo_addr, entries, userd_addr + pbuf.USERD_GP_PUT,
                                                         doorbell_addr, token)
         self.pb_head = 0
