@@ -385,14 +385,8 @@ class TracingOS:
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
 
-    def mmio_write32(self, addr: int, value: int) -> None:
-        self.inner.mmio_write32(addr, value)
-
     def mmio_read32(self, addr: int) -> int:
         return self.inner.mmio_read32(addr)
-
-    def store_fence(self) -> None:
-        self.inner.store_fence()
 
     def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
                          token: int) -> Callable[[int, int], None]:

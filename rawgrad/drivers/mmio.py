@@ -1,4 +1,5 @@
-"""Native store fence and doorbell sequence, built once with the in-process LLVM toolchain.
+"""Native GPFIFO publish sequence (stores with store fences between them), built once with the in-process
+LLVM toolchain.
 
 Python cannot emit a store fence, and cffi cannot either. Submitting GPU work needs two of them:
 the ring entry and any patched command words must reach memory before the GPU reads the new put
@@ -33,7 +34,6 @@ _X86_WMB = ("declare void @llvm.x86.sse.sfence()", "call void @llvm.x86.sse.sfen
 _ARM64_WMB = ("declare void @llvm.aarch64.dsb(i32)", f"call void @llvm.aarch64.dsb(i32 {DSB_ST})")
 _WMB = {"x86_64": _X86_WMB, "amd64": _X86_WMB, "aarch64": _ARM64_WMB, "arm64": _ARM64_WMB}
 
-STORE_FENCE_SYMBOL = "rawgrad_store_fence"
 PUBLISH_SYMBOL = "rawgrad_gpfifo_publish"
 
 # struct gpfifo_context, as the native function reads it and cffi builds it.
@@ -49,11 +49,6 @@ struct gpfifo_context {
 
 _IR = """
 {declare}
-
-define void @{fence}() nounwind {{
-  {wmb}
-  ret void
-}}
 
 %gpfifo_context = type {{ i64, i64, i64, i32, i32 }}
 
@@ -87,7 +82,7 @@ define void @{publish}(ptr %ctx, i64 %slot, i64 %entry) nounwind {{
 
 
 class NativeMMIO:
-    """The two native functions, loaded into executable memory; callable from any thread."""
+    """The native publish function, loaded into executable memory; callable from any thread."""
 
     def __init__(self) -> None:
         from rawgrad.compiler import elf
@@ -98,11 +93,10 @@ class NativeMMIO:
             raise RuntimeError(f"no store-fence instruction known for host CPU {machine!r} "
                                f"(known: {', '.join(sorted(_WMB))})")
         declare, wmb = _WMB[machine]
-        ir = _IR.format(fence=STORE_FENCE_SYMBOL, publish=PUBLISH_SYMBOL, declare=declare, wmb=wmb)
+        ir = _IR.format(publish=PUBLISH_SYMBOL, declare=declare, wmb=wmb)
         self.image = elf.load(host_compiler().compile(ir))
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CONTEXT_CDEF)
-        self.store_fence: Any = self.ffi.cast("void (*)(void)", self.image.symbol(STORE_FENCE_SYMBOL))
         self._publish: Any = self.ffi.cast("void (*)(struct gpfifo_context *, uint64_t, uint64_t)",
                                            self.image.symbol(PUBLISH_SYMBOL))
 

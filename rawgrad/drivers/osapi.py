@@ -4,10 +4,10 @@ Drivers never call libc, ``os`` or ``mmap`` directly: they receive an object imp
 :class:`OSInterface` at construction. Production code passes :class:`LibcOS` (libc through cffi);
 tests pass a mock kernel driver that emulates the device nodes with the same call surface.
 
-Besides the usual file calls the seam carries the two MMIO accessors, the store fence and the GPFIFO
-publish sequence (ring entry, fence, put index, fence, doorbell), because a doorbell write is the one place
-where a CPU store has a side effect a mock must observe. In production the fence and the publish sequence
-are native code (``rawgrad.drivers.mmio``).
+Besides the usual file calls the seam carries an MMIO read (the usermode timer) and the GPFIFO publish
+sequence (ring entry, store fence, put index, store fence, doorbell), because a doorbell write is the one
+place where a CPU store has a side effect a mock must observe. In production the publish sequence is native
+code (``rawgrad.drivers.mmio``): Python cannot emit the fences.
 """
 
 from __future__ import annotations
@@ -49,9 +49,7 @@ class OSInterface(Protocol):
     def munmap(self, addr: int, length: int) -> None: ...
     def read(self, fd: int, n: int) -> bytes: ...
     def exists(self, path: str) -> bool: ...
-    def mmio_write32(self, addr: int, value: int) -> None: ...
     def mmio_read32(self, addr: int) -> int: ...
-    def store_fence(self) -> None: ...
     def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
                          token: int) -> Callable[[int, int], None]:
         """`publish(slot, entry)`: store the 64-bit `entry` at `ring[slot]`, store fence, store
@@ -121,14 +119,8 @@ class LibcOS:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
-    def mmio_write32(self, addr: int, value: int) -> None:
-        self.ffi.cast("volatile uint32_t *", addr)[0] = value & 0xFFFFFFFF
-
     def mmio_read32(self, addr: int) -> int:
         return int(self.ffi.cast("volatile uint32_t *", addr)[0])
-
-    def store_fence(self) -> None:
-        native_mmio().store_fence()
 
     def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
                          token: int) -> Callable[[int, int], None]:

@@ -106,9 +106,10 @@ def test_libc_os_implements_the_seam() -> None:
     os_ = LibcOS()
     assert isinstance(os_, OSInterface)
     addr = os_.mmap(0, 4096, PROT_READ | PROT_WRITE, 0x22, -1, 0)  # MAP_PRIVATE | MAP_ANONYMOUS
-    os_.mmio_write32(addr + 4, 0xDEADBEEF)
-    assert os_.mmio_read32(addr + 4) == 0xDEADBEEF
-    os_.store_fence()
+    # the publish sequence on ordinary memory: ring of 4 entries at +0, put word at +64, doorbell at +68
+    os_.gpfifo_publisher(addr, 4, addr + 64, addr + 68, 0xDEADBEEF)(1, 5)
+    assert os_.mmio_read32(addr + 68) == 0xDEADBEEF and os_.mmio_read32(addr + 64) == 2
+    assert os_.mmio_read32(addr + 8) == 5
     os_.munmap(addr, 4096)
     with pytest.raises(OSError, match="open\\(/nonexistent/x\\) failed: ENOENT"):
         os_.open("/nonexistent/x", 0)
