@@ -104,6 +104,8 @@ class QueueTemplate:
     # Kernel names of the timestamp pairs (profile_var(k, ...) brackets profile_names[k]); empty unless
     # encoded with profile=True.
     profile_names: list[str] = field(default_factory=list)
+    # The last `data_words` words are the queue's data region, not commands (HWQueue.layout)
+    data_words: int = 0
 
 
 class _SymbolicSignal:
@@ -166,9 +168,9 @@ def build_template(device: HCQDevice, commands: Sequence[Command],
         else:
             raise TypeError(f"not a graph command: {cmd!r}")
     q.signal(timeline, TIMELINE_SIGNAL)
-    words = np.array(q.words(), dtype=np.uint64, copy=True)
-    template = QueueTemplate(type(q).__name__, q.WORD_BITS, words, q.patch_points,
-                             [p.name for p in programs], profiled)
+    words, patches, data_words = q.layout()
+    template = QueueTemplate(type(q).__name__, q.WORD_BITS, np.array(words, dtype=np.uint64, copy=True),
+                             patches, [p.name for p in programs], profiled, data_words)
     return template, programs
 
 
@@ -188,10 +190,7 @@ def _instantiate(template: QueueTemplate, device: HCQDevice, relocs: Mapping[UOp
             continue
         bound = {v: UOp.const(v.dt, relocs[v]) for v in variables if v in relocs}
         dynamic.append(PatchPoint(p.index, p.expr.substitute(bound) if bound else p.expr, p.shift))
-    # The encoder helpers are the queue's own (same package): the words are already encoded.
-    q._emit(*words)
-    for p in dynamic:
-        q._add_patch(p)
+    q._load_layout(words, dynamic, template.data_words)  # the words are already encoded
     return q.bind(device)
 
 

@@ -52,14 +52,15 @@ class HWQueue:
         self._plan: list[PatchGroup] | None = None
         self._writer: WordWriter | None = None  # the same for a bound queue's replay, as generated code
         self.bound_device: HCQDevice | None = None
+        # why commands may no longer be added (bound, or laid out for running by a driver); None while open
+        self._frozen: str | None = None
         self.name = f"{type(self).__name__}@{id(self):#x}"
 
     # ------------------------------------------------------------------ encoder helpers for drivers
     def _emit(self, *words: Value) -> int:
         """Append words (symbolic ones become patch points); returns the index of the first."""
-        if self.bound_device is not None:
-            raise RuntimeError(f"{self.name} is bound to {self.bound_device.name}; build a new queue to "
-                               f"add commands")
+        if self._frozen is not None:
+            self._refuse_commands()
         start = len(self._words)
         mask = (1 << self.WORD_BITS) - 1
         for w in words:
@@ -85,6 +86,9 @@ class HWQueue:
         else:
             self._emit(value)  # raises the operand TypeError
         return start
+
+    def _refuse_commands(self) -> None:
+        raise RuntimeError(f"{self.name} {self._frozen}; build a new queue to add commands")
 
     def _add_patch(self, p: PatchPoint) -> None:
         self._patches.append(p)
@@ -141,6 +145,20 @@ class HWQueue:
     def patch_points(self) -> list[PatchPoint]:
         return list(self._patches)
 
+    def layout(self) -> tuple[np.ndarray, list[PatchPoint], int]:
+        """The queue as a graph template stores it: its words, their patch points, and how many of the
+        words at the end are a data region (words the commands point at but that never run as commands:
+        NV's QMDs and constant banks; 0 for a driver without one)."""
+        return self.words(), self.patch_points, 0
+
+    def _load_layout(self, words: Sequence[int], patches: Sequence[PatchPoint], data_words: int) -> None:
+        """Rebuild an open queue from a `layout()` (a graph template being instantiated)."""
+        if data_words:
+            raise ValueError(f"{type(self).__name__} has no data region; the layout has {data_words} words")
+        self._emit(*words)
+        for p in patches:
+            self._add_patch(p)
+
     # ------------------------------------------------------------------ the vocabulary
     def wait(self, signal: Signal, value: Value) -> HWQueue:
         """Stall the queue until `signal.value >= value`."""
@@ -194,6 +212,7 @@ class HWQueue:
             raise RuntimeError(f"{self.name} is already bound to {self.bound_device.name}")
         self._bind(device)
         self.bound_device = device
+        self._frozen = f"is bound to {device.name}"
         return self
 
     def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:

@@ -12,10 +12,11 @@ File layout (little-endian):
 The manifest holds the target description (device, queue encoder, compiler target key), the guards
 (argument structure, input shapes/dtypes/devices, constant arguments), the buffer plan (arena sizes, fresh
 outputs, external buffers whose contents are blobs), the return value's shape and, per device, the queue
-template: its words (a blob) and its patch list, which is also the relocation table (every address that
-differs between processes is a `reloc.*` variable, every per-call value a `jit.*`/`graph.*` variable; see
-hcq/graph.py). Kernel binaries (the ELF objects the compiler produced) are blobs. No pickle: nothing in a
-file is executed except the kernels, and those only after the ownership and hash checks passed.
+template: its words (a blob), how many of them are the queue's data region, and its patch list, which is
+also the relocation table (every address that differs between processes is a `reloc.*` variable, every
+per-call value a `jit.*`/`graph.*` variable; see hcq/graph.py). Kernel binaries (the ELF objects the
+compiler produced) are blobs. No pickle: nothing in a file is executed except the kernels, and those only
+after the ownership and hash checks passed.
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy
 __all__ = ["FORMAT_VERSION", "GraphFileError", "load_capture", "save_capture"]
 
 MAGIC = b"RGJITGRF"
-FORMAT_VERSION = 1
+# 2: a queue template may end in a data region (`data_words`; NV keeps its QMDs and constant banks there
+# instead of inline behind NO_OPERATION methods)
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sII32sQ")
 _U64 = struct.Struct("<Q")
 
@@ -120,7 +123,7 @@ def save_capture(cap: CapturedGraph, path: str) -> None:
         devices.append({
             **_target(dg.device), "queue_kind": t.queue_kind, "word_bits": t.word_bits,
             "words": blobs.add(np.ascontiguousarray(t.words, dtype="<u8").tobytes()),
-            "patches": [[p.index, _enc(p.expr), p.shift] for p in t.patches],
+            "patches": [[p.index, _enc(p.expr), p.shift] for p in t.patches], "data_words": t.data_words,
             "programs": [[name, blobs.add(bytes(prog.lib))] for name, prog in
                          zip(t.program_names, dg.programs, strict=True)],
             "arena_bytes": dg.arena_bytes,
@@ -214,7 +217,8 @@ def load_capture(path: str, *, allow_untrusted: bool = False) -> CapturedGraph:
             words = np.frombuffer(blob(d["words"]), dtype="<u8").astype(np.uint64)
             patches = [PatchPoint(i, _dec(e), s) for i, e, s in d["patches"]]
             names = [n for n, _ in d["programs"]]
-            template = QueueTemplate(d["queue_kind"], d["word_bits"], words, patches, names)
+            template = QueueTemplate(d["queue_kind"], d["word_bits"], words, patches, names,
+                                     data_words=d["data_words"])
             programs = [dev.program(n, blob(ref)) for n, ref in d["programs"]]
             devices.append(DeviceGraph(d["device"], template, d["arena_bytes"], programs))
         externals = []

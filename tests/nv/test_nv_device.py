@@ -331,6 +331,49 @@ def test_bind_and_patch_on_submit(dev: NVHCQDevice, mock: MockNV, progs: dict[st
     assert isinstance(grid_expr, UOp) and sym_eval(grid_expr, {n_var: 257}) == 3
 
 
+def test_qmds_and_banks_stay_out_of_the_fetched_commands(dev: NVHCQDevice, mock: MockNV,
+                                                        progs: dict[str, Any]) -> None:
+    """The front end fetches only a queue's commands: its QMDs and constant banks sit in a data region
+    after them, read by the compute engine from memory. So a chain of launches costs the PBDMA the same
+    methods whatever its length, and no method carries QMD or bank words."""
+    n = 64
+    a = dev.allocator.alloc(8 * n)
+
+    def chain(kernels: int, bound: bool) -> tuple[int, Any]:
+        v = dev.timeline_value
+        q = dev.queue().wait(dev.timeline_signal, v - 1)
+        q.exec(progs["fill"], [a, n, 1], (n, 1, 1))
+        for _ in range(kernels - 1):
+            q.exec(progs["add1"], [a, a, n], (n, 1, 1))
+        q.signal(dev.timeline_signal, v)
+        if bound:
+            q.bind(dev)
+        before = mock.gpu.methods_executed
+        run(dev, q)
+        np.testing.assert_array_equal(host(dev, a), np.arange(n) + kernels - 1)
+        return mock.gpu.methods_executed - before, q
+
+    for bound in (False, True):
+        short, _ = chain(2, bound)
+        long, q = chain(20, bound)
+        assert long == short, (bound, short, long)  # chained launches add data, not commands
+        assert short < 64  # wait, one SEND_PCAS pair, shader-cache invalidation, retirement: a few dozen
+    words, patches, data_words = dev.queue().exec(progs["fill"], [a, n, 1], (n, 1, 1)).layout()
+    qmd = dev.qmd_class()
+    assert data_words > qmd.dwords and len(words) - data_words < 32  # the launch is mostly data
+    with pytest.raises(RuntimeError, match="is bound to NV; build a new queue"):
+        q.exec(progs["fill"], [a, n, 1], (n, 1, 1))
+    unbound = dev.queue().signal(dev.timeline_signal, dev.timeline_value)
+    unbound.submit(dev)
+    dev.timeline_value += 1
+    dev.synchronize(timeout_s=10)
+    with pytest.raises(RuntimeError, match="was laid out for running"):
+        unbound.exec(progs["fill"], [a, n, 1], (n, 1, 1))
+    with pytest.raises(RuntimeError, match="was laid out for running"):
+        unbound.layout()
+    dev.allocator.free(a)
+
+
 def test_kernel_fault_surfaces_as_device_fault(mock: MockNV) -> None:
     d = make(mock)
     try:

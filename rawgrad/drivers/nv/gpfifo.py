@@ -16,9 +16,6 @@ _ffi = cffi.FFI()
 
 SPIN_ITERATIONS = 200  # polls before a wait starts sleeping
 MAX_SLEEP_S = 0.001  # longest sleep between polls
-# Every submission ends with a 64-bit release of the channel's retirement counter: header + 5 data dwords
-# (SEM_ADDR_LO .. SEM_EXECUTE; NV-FACTS 4.6).
-RETIRE_BYTES = 4 * 6
 # NvNotification (the channel error notifier): info32 at +8, status (u16) at +14.
 NOTIFIER_INFO32_OFFSET = 8
 NOTIFIER_STATUS_OFFSET = 14
@@ -188,36 +185,40 @@ class Channel:
                                 wfi=wfi).words
 
     def submit(self, pb: pbuf.PushBuffer, *, retire_wfi: bool = False) -> int:
-        """Copy ``pb`` into the pushbuffer ring, append a retirement release, ring the doorbell.
+        """Copy ``pb`` and a retirement release after it into the pushbuffer ring, ring the doorbell.
 
         Returns the retirement value; the pushbuffer space is reused only after the GPU reaches it.
+        ``retire_wfi``: the retirement waits for the engine to go idle first.
         """
-        start = self.reserve(4 * len(pb))
-        return self.commit(start, pbuf.PushBuffer().extend(pb).to_bytes(), retire_wfi=retire_wfi)
+        words = list(pb.words) + self._retire_words(self.retire_value + 1, retire_wfi)
+        start = self.reserve(4 * len(words))
+        return self.commit(start, _as_pb(words).to_bytes(), len(words))
 
     def reserve(self, nbytes: int, align: int = 4) -> int:
-        """Reserve ``nbytes`` (plus the retirement release) of ring space at an ``align``-aligned offset.
+        """Reserve ``nbytes`` of ring space at an ``align``-aligned offset.
 
         The caller must ``commit`` it before any other submission on this channel. Both waits happen before
         any state changes, so a timeout leaves the channel consistent.
         """
         self.check_error()
         self._wait_gp_slots(1)
-        return self._reserve_pb(nbytes + RETIRE_BYTES, align)
+        return self._reserve_pb(nbytes, align)
 
-    def commit(self, start: int, data: bytes, *, retire_wfi: bool = False) -> int:
-        """Write ``data`` + a retirement release at ring offset ``start`` (from ``reserve``) and submit it.
+    def commit(self, start: int, blob: bytes, fetch_dwords: int) -> int:
+        """Write ``blob`` at ring offset ``start`` (from ``reserve``) and run its first ``fetch_dwords``
+        words; returns the retirement value, the channel's next one.
 
-        ``retire_wfi``: the retirement waits for the engine to go idle first, needed when the work reads
-        ring memory after its methods were fetched (a QMD or constant bank embedded in the ring).
+        Those commands must end with a release of the retirement counter to that value: the ring space
+        (all of ``blob``: data after the commands too) is reused only once the GPU has written it.
         """
+        if not 0 < 4 * fetch_dwords <= len(blob):
+            raise ValueError(f"{self.name}: fetch {fetch_dwords} dwords of a {len(blob)}-byte submission")
         value = self.retire_value + 1
-        blob = data + _as_pb(self._retire_words(value, retire_wfi)).to_bytes()
         write_bytes(self.pb_addr + start, blob)
         self.inflight.append(_InFlight(value, start, start + len(blob)))
         self.pb_head = start + len(blob)
         self.retire_value = value
-        self._publish(pbuf.GPEntry(self.pb_addr + start, len(blob) // 4).encode())
+        self._publish(pbuf.GPEntry(self.pb_addr + start, fetch_dwords).encode())
         return value
 
     def submit_bound(self, entry: int, value: int) -> int:

@@ -5,11 +5,13 @@ vocabulary on top of it:
 
 - signals are 16-byte slots (u64 value, u64 timestamp) in GPU-mapped host pages (NV-FACTS 8);
 - `NVComputeQueue` encodes a pushbuffer for the compute channel: host semaphore acquire/release
-  (NV-FACTS 4.6), WFI + MEMBAR, and kernel launches as QMDs (qmd.py) that are *embedded in the queue's own
-  words* together with their constant bank 0, behind a NO_OPERATION method whose data the front end
-  discards. So a queue is one position-independent block of 32-bit words: every address inside it is
-  ``QUEUE_BASE + offset`` (a patch point resolved at submit), a captured graph is relocatable like on the
-  CPU, and patching a launch's grid, arguments or release payload is a word rewrite like any other;
+  (NV-FACTS 4.6), WFI + MEMBAR, and kernel launches as QMDs (qmd.py). The QMDs and their constant banks
+  live *in the queue's own block*, in a data region after the commands: the GP entry covers only the
+  commands, so the front end never parses the data, and the compute engine reads each QMD and bank from
+  memory. A queue is therefore one position-independent block of 32-bit words: every address into its data
+  is ``DATA_BASE + offset`` (a patch point resolved at submit: the ring slot, or the bound block), a
+  captured graph is relocatable like on the CPU, and patching a launch's grid, arguments or release payload
+  is a word rewrite like any other;
 - consecutive launches are chained through DEPENDENT_QMD0 and a signal right after a launch is folded
   into the QMD's release slot (NV-FACTS 5.2); a launch after other commands waits for idle first, so
   kernels in one queue never overlap;
@@ -43,21 +45,24 @@ from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 
-__all__ = ["QUEUE_BASE", "NVAllocator", "NVComputeQueue", "NVCopyQueue", "NVHCQDevice", "NVProgram",
+__all__ = ["DATA_BASE", "NVAllocator", "NVComputeQueue", "NVCopyQueue", "NVHCQDevice", "NVProgram",
            "open_device"]
 
-# Where a queue's words live when it runs (the pushbuffer ring slot, or the bound block): every address a
-# queue holds into itself is an expression of this, resolved at submit.
-QUEUE_BASE = Variable("nv.queue_base", 0, GPU_VA_LIMIT - 1)
-# A bound block ends with a release of its channel's retirement counter (so a replay is one GP entry); the
-# value is this variable, resolved at submit to the channel's next retirement value.
+# Where a queue's data region (QMDs, constant banks) is when the queue runs (in the pushbuffer ring slot, or
+# in the bound block, after the commands): every address a queue holds into itself is an expression of
+# this, resolved at submit.
+DATA_BASE = Variable("nv.data_base", 0, GPU_VA_LIMIT - 1)
+# A queue's commands end with a release of its channel's retirement counter (so a run is one GP entry and
+# the ring knows when its space is free); the value is this variable, resolved at submit to the channel's
+# next retirement value.
 RETIRE_VALUE = Variable("nv.retire_value", 0, 2**63 - 1)
-# Queues start 256-byte aligned so embedded QMDs can be (SEND_PCAS_A / DEPENDENT_QMD*_POINTER take VA >> 8).
+# Queues and their data regions start 256-byte aligned so QMDs can be (SEND_PCAS_A and
+# DEPENDENT_QMD*_POINTER take VA >> 8).
 QUEUE_ALIGN = 256
 QMD_ALIGN_DWORDS = QUEUE_ALIGN // 4
 DWORD = 4
 DWORD_MASK = 0xFFFFFFFF
-MAX_METHOD_COUNT = (1 << 13) - 1  # NV_FIFO_DMA_METHOD_COUNT is 13 bits (NV-FACTS 4.4)
+MAX_CONSTANT_BANK_BYTES = 0x10000  # a constant bank is at most 64 KiB
 
 # SEND_SIGNALING_PCAS2_B action (NV-FACTS 5.2): PREFETCH_SCHEDULE, tinygrad's; NVK uses 3, libcuda 0xA.
 PCAS_ACTION_PREFETCH_SCHEDULE = 9
@@ -169,6 +174,11 @@ class _NVQueue(HWQueue):
         self._block: NVBuffer | None = None  # the bound copy of the words
         self._start = 0  # ring offset reserved by the current unbound submit
         self._retire: list[int] = [0]  # the channel retirement value of the last submit (shared w/ finalizer)
+        # QMDs and constant banks, appended after the commands when the queue is sealed (words or symbolic)
+        self._data: list[Value] = []
+        self._sealed_for: NVHCQDevice | None = None  # the device whose channel the retirement release names
+        self._fetch_dwords = 0  # once sealed: the commands, i.e. what the GP entry makes the front end fetch
+        self._data_at = 0  # once sealed: the word index where the data region starts
 
     def _channel(self, dev: NVHCQDevice) -> Channel:
         raise NotImplementedError
@@ -211,37 +221,85 @@ class _NVQueue(HWQueue):
     def _barrier_words(self) -> None:
         self._emit(*pbuf.memory_barrier(pbuf.PushBuffer()).words)
 
+    def _add_data(self, words: list[Value], align_dwords: int = 1) -> int:
+        """Append words to the data region (at an `align_dwords`-aligned offset); returns their offset."""
+        if self._frozen is not None:
+            self._refuse_commands()
+        at = round_up(len(self._data), align_dwords)
+        self._data.extend([0] * (at - len(self._data)))
+        self._data.extend(words)
+        return at
+
+    def layout(self) -> tuple[np.ndarray, list[PatchPoint], int]:
+        """An open queue's commands, then its data region right after them (as a template stores it)."""
+        if self._sealed_for is not None:
+            raise RuntimeError(f"{self.name} was laid out for running already; its layout is not a template")
+        words = self._words + [w & DWORD_MASK if isinstance(w, int) else 0 for w in self._data]
+        patches = self.patch_points + [PatchPoint(len(self._words) + i, w) for i, w in enumerate(self._data)
+                                       if not isinstance(w, int)]
+        return np.array(words, dtype=np.uint64), patches, len(self._data)
+
+    def _load_layout(self, words: Sequence[int], patches: Sequence[PatchPoint], data_words: int) -> None:
+        split = len(words) - data_words
+        self._emit(*words[:split])
+        data: list[Value] = [int(w) for w in words[split:]]
+        for p in patches:
+            if p.index < split:
+                self._add_patch(p)
+            elif p.shift or data[p.index - split]:  # data words are whole 32-bit values, never split
+                raise ValueError(f"{self.name}: data word {p.index - split} is not one whole patch point")
+            else:
+                data[p.index - split] = p.expr
+        self._add_data(data)
+
     # -- bind / submit -----------------------------------------------------------------------------------
-    def _bind(self, device: Any) -> None:
-        dev = _as_nv(device)
-        # The block retires itself: a replay is then one GP entry + doorbell, no ring segment after it.
+    def _seal(self, dev: NVHCQDevice) -> None:
+        """Lay the queue out for running, once: the commands end with the channel's retirement release
+        (so a run is one GP entry and retires itself), then the data region follows at a 256-byte
+        aligned offset, outside what the GP entry fetches. No commands can be added afterwards."""
+        if self._sealed_for is not None:
+            if self._sealed_for is not dev:
+                raise ValueError(f"{self.name} was laid out for {self._sealed_for.name}, not {dev.name}; "
+                                 f"build a new queue for that device")
+            return
         self._end_open_work()
         self._release(self._channel(dev).retire_addr, RETIRE_VALUE, timestamp=False)
+        self._fetch_dwords = len(self._words)
+        if self._data:
+            self._emit(*([0] * ((-self._fetch_dwords) % QMD_ALIGN_DWORDS)))
+        self._data_at = len(self._words)
+        self._emit(*self._data)
+        self._sealed_for = dev
+        self._frozen = "was laid out for running (its data region follows its commands)"
+
+    def _bind(self, device: Any) -> None:
+        dev = _as_nv(device)
+        self._seal(dev)  # the block retires itself: a replay is one GP entry + doorbell, nothing after it
         words = self.words().astype(np.uint32)
         buf = dev.nv.alloc_vram(max(words.nbytes, DWORD))  # CPU-mapped; page aligned, so QMDs stay aligned
         ffi.memmove(ffi.cast("void *", buf.va), words.tobytes(), words.nbytes)
         self._bound_words = ffi.cast("uint32_t *", buf.va)  # a typed pointer: the fastest per-word writes
         self._block = buf
         weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._channel(dev), self._retire)
-        self._fold_queue_base(buf.va)
-        self._gp_entry = pbuf.GPEntry(buf.va, len(self._words)).encode()  # the whole replay, one entry
+        self._fold_data_base(buf.va + DWORD * self._data_at)
+        self._gp_entry = pbuf.GPEntry(buf.va, self._fetch_dwords).encode()  # the whole replay, one entry
 
-    def _fold_queue_base(self, base: int) -> None:
-        """A bound block never moves: resolve every QUEUE_BASE patch point (QMD, bank and chain addresses,
+    def _fold_data_base(self, data_base: int) -> None:
+        """A bound block never moves: resolve every DATA_BASE patch point (QMD, bank and chain addresses,
         three per launch) now, so a replay evaluates only the patch points that really change (timeline
         values, inputs) instead of work proportional to the number of launches."""
-        const = UOp.const(QUEUE_BASE.dt, base)
+        const = UOp.const(DATA_BASE.dt, data_base)
         patches: list[PatchPoint] = []
         last: list[int | None] = []
         for p, prev in zip(self._patches, self._last, strict=True):
             variables = p.expr.variables()
-            if QUEUE_BASE not in variables:
+            if DATA_BASE not in variables:
                 patches.append(p)
                 last.append(prev)
-            elif variables == [QUEUE_BASE]:
-                self._set_word(p.index, (sym_eval(p.expr, {QUEUE_BASE: base}) >> p.shift) & DWORD_MASK)
+            elif variables == [DATA_BASE]:
+                self._set_word(p.index, (sym_eval(p.expr, {DATA_BASE: data_base}) >> p.shift) & DWORD_MASK)
             else:
-                patches.append(PatchPoint(p.index, p.expr.substitute({QUEUE_BASE: const}), p.shift))
+                patches.append(PatchPoint(p.index, p.expr.substitute({DATA_BASE: const}), p.shift))
                 last.append(None)
         self._replace_patches(patches, last)
 
@@ -258,7 +316,8 @@ class _NVQueue(HWQueue):
         return self._block is not None and self._channel(_as_nv(device)).retired() < self._retire[0]
 
     def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
-        """Resolve patch points (this queue's own base address included) and submit to the channel."""
+        """Resolve patch points (this queue's own data address and retirement value included) and submit
+        to the channel."""
         if self._block is not None:
             if device is not self.bound_device:
                 return super().submit(device, var_vals)  # raises: bound to another device
@@ -267,10 +326,12 @@ class _NVQueue(HWQueue):
         with dev.submit_lock:  # an unbound queue: copied into the pushbuffer ring
             dev.check_fault()
             dev.reap()
+            self._seal(dev)
             ch = self._channel(dev)
             self._start = ch.reserve(DWORD * len(self._words), QUEUE_ALIGN)
             vals = dict(var_vals) if var_vals else {}
-            vals[QUEUE_BASE] = ch.pb_addr + self._start
+            vals[DATA_BASE] = ch.pb_addr + self._start + DWORD * self._data_at
+            vals[RETIRE_VALUE] = ch.retire_value + 1
             return super().submit(device, vals)
 
     def _replay(self, dev: NVHCQDevice, var_vals: Mapping[UOp, int] | None) -> HWQueue:
@@ -292,11 +353,9 @@ class _NVQueue(HWQueue):
         return self
 
     def _submit(self, device: Any) -> None:
-        dev = _as_nv(device)
-        ch = self._channel(dev)
-        wfi = isinstance(self, NVComputeQueue)  # launches read their QMD and bank from the ring after fetch
         # (a bound queue never gets here: _replay submits it)
-        self._retire[0] = ch.commit(self._start, self.words().astype(np.uint32).tobytes(), retire_wfi=wfi)
+        ch = self._channel(_as_nv(device))
+        self._retire[0] = ch.commit(self._start, self.words().astype(np.uint32).tobytes(), self._fetch_dwords)
 
 
 def copy_threads(nbytes: Value) -> Value:
@@ -315,7 +374,7 @@ class NVComputeQueue(_NVQueue):
 
     def __init__(self, device: NVHCQDevice) -> None:
         super().__init__(device)
-        self._tail: tuple[QMD, int, list[Value]] | None = None  # open chain: last QMD, word index, words
+        self._tail: tuple[QMD, int] | None = None  # open chain: the last QMD and its offset in the data
         self._wfi_pending = False  # a launch ran since the last wait-for-idle
 
     def _channel(self, dev: NVHCQDevice) -> Channel:
@@ -334,9 +393,9 @@ class NVComputeQueue(_NVQueue):
 
     def _signal(self, signal: Signal, value: Value) -> None:
         if self._tail is not None:
-            qmd, at, old = self._tail
+            qmd, at = self._tail
             if qmd.release(signal.address, value):  # released by the compute engine when the kernel is done
-                self._rewrite(at, old, qmd.words())
+                self._rewrite(qmd, at)
                 return
         self._break_chain()
         self._release(signal.address, value, timestamp=False)
@@ -370,36 +429,29 @@ class NVComputeQueue(_NVQueue):
         qmd.launch(shared_bytes=info.shared_bytes, registers=info.registers, sass_version=dev.sass_version,
                    local_bytes_per_thread=info.local_bytes)
         qmd.grid(*grid).block(*block).program(entry, max(info.text_bytes, 1))
-        # The data block: NO_OPERATION header, padding to 256 bytes, the QMD, then bank 0 right after it.
-        header_at = len(self._words)
-        pad = (-(header_at + 1)) % QMD_ALIGN_DWORDS
-        qmd_at = header_at + 1 + pad
+        if len(bank) * DWORD > MAX_CONSTANT_BANK_BYTES:
+            raise ValueError(f"{program.name}: a {len(bank) * DWORD}-byte constant bank 0 exceeds the "
+                             f"{MAX_CONSTANT_BANK_BYTES}-byte limit")
+        # In the data region: the QMD (256-byte aligned), then bank 0 right after it.
+        qmd_at = round_up(len(self._data), QMD_ALIGN_DWORDS)
         bank_at = qmd_at + qmd.dwords
-        count = pad + qmd.dwords + len(bank)
-        if count > MAX_METHOD_COUNT:
-            raise ValueError(f"{program.name}: a {len(bank) * DWORD}-byte argument bank does not fit "
-                             f"one method")
-        qmd.constant_buffer(0, QUEUE_BASE + DWORD * bank_at, len(bank) * DWORD)
+        qmd.constant_buffer(0, DATA_BASE + DWORD * bank_at, len(bank) * DWORD)
         for index, address, size in getattr(program, "constant_banks", ()):
             qmd.constant_buffer(index, address, size)
-        qmd_va = QUEUE_BASE + DWORD * qmd_at
-        self._emit(pbuf.MethodHeader(pbuf.SecOp.NON_INC_METHOD, pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_NO_OPERATION,
-                                     count).encode())
-        self._emit(*([0] * pad))
-        words = qmd.words()
-        self._emit(*words)
-        self._emit(*bank)
+        qmd_va = DATA_BASE + DWORD * qmd_at
+        if self._add_data(qmd.words() + bank, QMD_ALIGN_DWORDS) != qmd_at:
+            raise AssertionError(f"{self.name}: QMD placed away from its computed offset")
         if self._tail is not None:  # the previous launch schedules this one when it completes
-            prev, at, old = self._tail
+            prev, at = self._tail
             prev.chain(qmd_va)
-            self._rewrite(at, old, prev.words())
+            self._rewrite(prev, at)
         else:
             if self._wfi_pending:  # a launch earlier in this queue must finish before this one starts
                 self._method(pbuf.SUBCH_HOST, pbuf.NVC56F_WFI, pbuf.WFI_SCOPE_ALL)
             self._emit(*pbuf.invalidate_shader_caches(pbuf.PushBuffer()).words)
             self._method(pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_SEND_PCAS_A, sym_bits(qmd_va, 8, 32))
             self._method(pbuf.SUBCH_COMPUTE, pbuf.NVC7C0_SEND_SIGNALING_PCAS2_B, dev.pcas_action)
-        self._tail = (qmd, qmd_at, words)
+        self._tail = (qmd, qmd_at)
         self._wfi_pending = True
 
     def _bank(self, info: ProgramInfo, args: list[Value], grid: tuple[Value, ...],
@@ -437,21 +489,11 @@ class NVComputeQueue(_NVQueue):
                                  f"{p.offset}) from {arg!r}")
         return words
 
-    def _rewrite(self, start: int, old: list[Value], new: list[Value]) -> None:
-        """Update already emitted QMD words in place (chaining, folded releases)."""
-        for i, (o, n) in enumerate(zip(old, new)):
-            if o is n or (isinstance(o, int) and isinstance(n, int) and o == n):
-                continue
-            if not isinstance(o, int):
-                raise AssertionError(f"{self.name}: QMD word {i} was symbolic already ({o.render()})")
-            idx = start + i
-            if isinstance(n, int):
-                self._words[idx] = n & DWORD_MASK
-            else:
-                self._words[idx] = 0
-                self._add_patch(PatchPoint(idx, n))
-            old[i] = n
-        self._array = None
+    def _rewrite(self, qmd: QMD, at: int) -> None:
+        """Update a QMD already in the data region (chaining, a folded release)."""
+        if self._frozen is not None:
+            self._refuse_commands()
+        self._data[at:at + qmd.dwords] = qmd.words()
 
 
 class NVCopyQueue(_NVQueue):
