@@ -374,6 +374,30 @@ def test_qmds_and_banks_stay_out_of_the_fetched_commands(dev: NVHCQDevice, mock:
     dev.allocator.free(a)
 
 
+def test_replay_refuses_a_faulted_channel(mock: MockNV) -> None:
+    """A replay reads its own channel's error notifier before writing anything: once RM has reported an
+    error there, the replay raises DeviceFault instead of ringing a dead channel's doorbell."""
+    d = make(mock)
+    lib = d.compiler.compile(KERNELS.format(arch=d.arch))
+    a = d.allocator.alloc(8 * 16)
+    w, s = Variable("w", 0, 1 << 40), Variable("s", 0, 1 << 40)
+    q = d.queue().wait(d.timeline_signal, w).exec(d.program("fill", lib), [a, 16, 3], (16, 1, 1))
+    q.signal(d.timeline_signal, s).bind(d)
+    v = d.timeline_value
+    run(d, q, {w: v - 1, s: v})
+    status = d.nv.compute._notifier_status
+    submissions = d.nv.compute.submissions
+    status[0] = 0xFFFF  # what RM writes into the notifier on a channel error
+    with pytest.raises(DeviceFault, match="compute channel error"):
+        q.submit(d, {w: v, s: v + 1})
+    assert d.nv.compute.submissions == submissions  # nothing was published
+    status[0] = 0
+    d.close()
+    with pytest.raises(DeviceFault, match="is closed"):
+        q.submit(d, {w: v, s: v + 1})
+    gc.collect()
+
+
 def test_kernel_fault_surfaces_as_device_fault(mock: MockNV) -> None:
     d = make(mock)
     try:

@@ -103,6 +103,7 @@ class Channel:
             raise ValueError(f"GPFIFO entries {entries} must be a power of two >= 2")
         self.name, self.device_name, self.os, self.host, self.token = name, device_name, os_iface, host, token
         self.gpfifo_addr, self.entries, self.userd_addr = gpfifo_addr, entries, userd_addr
+        self._entry_mask = entries - 1  # ring indices wrap with a mask (entries is a power of two)
         self.pb_addr, self.pb_bytes, self.doorbell_addr = pb_addr, pb_bytes, doorbell_addr
         self.retire_addr, self.notifier_addr, self.timeout_s = retire_addr, notifier_addr, timeout_s
         # Typed pointers made once: the replay path reads these words on every submit.
@@ -228,7 +229,8 @@ class Channel:
         if value != self.retire_value + 1:
             raise ValueError(f"{self.name}: a bound block must retire with {self.retire_value + 1}, "
                              f"not {value}")
-        self._wait_gp_slots(1)
+        if (self._gp_get[0] - self.put - 1) & self._entry_mask == 0:  # no free GPFIFO entry: wait for one
+            self._wait_gp_slots(1)
         self.retire_value = value
         self._publish(entry)
         return value
@@ -237,7 +239,7 @@ class Channel:
         # ring entry (and the pushbuffer it points at) visible before GPPut, GPPut before the doorbell
         # (NV-FACTS 4.5): one call through the OS seam, native code in production
         self._publish_entry(self.put, entry)
-        self.put = (self.put + 1) & (self.entries - 1)
+        self.put = (self.put + 1) & self._entry_mask
         self.submissions += 1
 
     def wait_idle(self, timeout_s: float | None = None) -> None:

@@ -172,6 +172,7 @@ class _NVQueue(HWQueue):
         super().__init__()
         self.device = device
         self._block: NVBuffer | None = None  # the bound copy of the words
+        self._bound_channel: Channel | None = None  # the channel the bound block runs on
         self._start = 0  # ring offset reserved by the current unbound submit
         self._retire: list[int] = [0]  # the channel retirement value of the last submit (shared w/ finalizer)
         # QMDs and constant banks, appended after the commands when the queue is sealed (words or symbolic)
@@ -279,8 +280,8 @@ class _NVQueue(HWQueue):
         buf = dev.nv.alloc_vram(max(words.nbytes, DWORD))  # CPU-mapped; page aligned, so QMDs stay aligned
         ffi.memmove(ffi.cast("void *", buf.va), words.tobytes(), words.nbytes)
         self._bound_words = ffi.cast("uint32_t *", buf.va)  # a typed pointer: the fastest per-word writes
-        self._block = buf
-        weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._channel(dev), self._retire)
+        self._block, self._bound_channel = buf, self._channel(dev)
+        weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._bound_channel, self._retire)
         self._fold_data_base(buf.va + DWORD * self._data_at)
         self._gp_entry = pbuf.GPEntry(buf.va, self._fetch_dwords).encode()  # the whole replay, one entry
 
@@ -304,16 +305,15 @@ class _NVQueue(HWQueue):
         self._replace_patches(patches, last)
 
     def _before_patch(self, device: Any) -> None:
-        if self._block is None or not self._retire[0]:
-            return
+        ch, want = self._bound_channel, self._retire[0]
         # The block is rewritten in place: its previous run must have retired.
-        ch, want = self._channel(_as_nv(device)), self._retire[0]
-        if ch.retired() < want:
+        if ch is not None and ch.retired() < want:
             poll_until(lambda: ch.retired() >= want, ch.timeout_s,
                        lambda: f"{self.name}: previous run (retirement {want}) never retired", ch.check_error)
 
     def busy(self, device: HCQDevice) -> bool:
-        return self._block is not None and self._channel(_as_nv(device)).retired() < self._retire[0]
+        ch = self._bound_channel
+        return ch is not None and ch._retired[0] < self._retire[0]
 
     def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
         """Resolve patch points (this queue's own data address and retirement value included) and submit
@@ -337,9 +337,14 @@ class _NVQueue(HWQueue):
     def _replay(self, dev: NVHCQDevice, var_vals: Mapping[UOp, int] | None) -> HWQueue:
         """A bound queue's submit, kept short because it is TinyJit's replay: the generated patch writer
         rewrites the words that changed in the block, then one GP entry + doorbell."""
-        ch = self._channel(dev)
+        ch = self._bound_channel
+        assert ch is not None
         with dev.submit_lock:
-            dev.check_fault()
+            # Only this channel's notifier is read here (a fault elsewhere surfaces in any wait, whose poll
+            # checks every channel); the full check then raises with the driver's report.
+            status = ch._notifier_status
+            if dev.closed or (status is not None and status[0]):
+                dev.check_fault()
             if dev._deferred:
                 dev.reap()
             value = ch.retire_value + 1
