@@ -80,7 +80,7 @@ def main() -> None:
             x = (x + 1).realize()
         return x
 
-    x = Tensor(np.zeros(16, np.float32)).realize()
+    x = Tensor(np.zeros(16, np.float32), device="NV").realize()
     for _ in range(3):  # eager, capture, first replay
         chain(x)
     gpu = DetachedGPU(dev)
