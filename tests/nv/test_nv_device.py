@@ -459,6 +459,10 @@ def test_qmd_fields_checks_and_symbolic_words() -> None:
                 assert b not in bits, f"{layout.NAME}: {name} overlaps {bits[b]}"
                 bits[b] = name
     assert QMDV03().release(0x1000, 5) and QMDV03().chain(0x2000).get("DEPENDENT_QMD0_POINTER") == 0x20
+    for layout in (QMDV03, QMDV04):  # a constant bank holds at most 64 KiB
+        layout().constant_buffer(0, 0x1000, 0x10000)
+        with pytest.raises(ValueError, match="constant buffer 0 of 65552 bytes exceeds the 65536-byte limit"):
+            layout().constant_buffer(0, 0x1000, 0x10010)
 
 
 # ------------------------------------------------------------------------------------------- images

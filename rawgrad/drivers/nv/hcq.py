@@ -62,7 +62,6 @@ QUEUE_ALIGN = 256
 QMD_ALIGN_DWORDS = QUEUE_ALIGN // 4
 DWORD = 4
 DWORD_MASK = 0xFFFFFFFF
-MAX_CONSTANT_BANK_BYTES = 0x10000  # a constant bank is at most 64 KiB
 
 # SEND_SIGNALING_PCAS2_B action (NV-FACTS 5.2): PREFETCH_SCHEDULE, tinygrad's; NVK uses 3, libcuda 0xA.
 PCAS_ACTION_PREFETCH_SCHEDULE = 9
@@ -434,9 +433,6 @@ class NVComputeQueue(_NVQueue):
         qmd.launch(shared_bytes=info.shared_bytes, registers=info.registers, sass_version=dev.sass_version,
                    local_bytes_per_thread=info.local_bytes)
         qmd.grid(*grid).block(*block).program(entry, max(info.text_bytes, 1))
-        if len(bank) * DWORD > MAX_CONSTANT_BANK_BYTES:
-            raise ValueError(f"{program.name}: a {len(bank) * DWORD}-byte constant bank 0 exceeds the "
-                             f"{MAX_CONSTANT_BANK_BYTES}-byte limit")
         # In the data region: the QMD (256-byte aligned), then bank 0 right after it.
         qmd_at = round_up(len(self._data), QMD_ALIGN_DWORDS)
         bank_at = qmd_at + qmd.dwords

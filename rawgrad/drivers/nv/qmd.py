@@ -27,6 +27,7 @@ BitRange = tuple[int, int]  # (hi, lo), inclusive, flat over the whole QMD
 
 DWORD_BITS = 32
 MAX_CONSTANT_BUFFERS = 8  # CONSTANT_BUFFER_*(i), i = 0..7 in both layouts
+MAX_CONSTANT_BUFFER_BYTES = 0x10000  # a constant bank is at most 64 KiB
 
 # Enumerated field values (clc6c0qmd.h / clcbc0qmd.h; NV-FACTS 5.2, 5.4, 5.5)
 QMD_TYPE_GRID_CTA = 2  # NVCBC0_QMDV04_00_QMD_TYPE_GRID_CTA (NVK leaves 0; a third-party H100 bring-up sets 2)
@@ -249,6 +250,9 @@ def _check_bank(index: int, size: int) -> None:
         raise ValueError(f"constant buffer index {index} is outside 0..{MAX_CONSTANT_BUFFERS - 1}")
     if size <= 0 or size % (1 << CONSTANT_BUFFER_SIZE_SHIFT):
         raise ValueError(f"constant buffer size {size} must be a positive multiple of 16 bytes")
+    if size > MAX_CONSTANT_BUFFER_BYTES:
+        raise ValueError(f"constant buffer {index} of {size} bytes exceeds the "
+                         f"{MAX_CONSTANT_BUFFER_BYTES}-byte limit")
 
 
 def _fields_v03() -> dict[str, BitRange]:
