@@ -169,7 +169,7 @@ class Channel:
         return start
 
     def _gp_slots_free(self, count: int) -> bool:
-        return (self.gp_get() - self.put - 1) % self.entries >= count
+        return (self._gp_get[0] - self.put - 1) & self._entry_mask >= count
 
     def _wait_gp_slots(self, count: int = 1) -> None:
         if self._gp_slots_free(count):  # the usual case, checked before building the poll's closures
@@ -229,7 +229,7 @@ class Channel:
         if value != self.retire_value + 1:
             raise ValueError(f"{self.name}: a bound block must retire with {self.retire_value + 1}, "
                              f"not {value}")
-        if (self._gp_get[0] - self.put - 1) & self._entry_mask == 0:  # no free GPFIFO entry: wait for one
+        if (self._gp_get[0] - self.put - 1) & self._entry_mask == 0:  # inline _gp_slots_free(1): hot path
             self._wait_gp_slots(1)
         self.retire_value = value
         self._publish(entry)
