@@ -20,7 +20,8 @@ def DEBUG() -> int:  # noqa: N802 - the variable's name
 
 
 def NOOPT() -> bool:  # noqa: N802
-    """NOOPT=1 turns off kernel optimizations (upcasting), for debugging codegen."""
+    """NOOPT=1 turns off kernel optimizations (CPU register tiles, GPU vector loads/stores), for debugging
+    codegen."""
     return getenv_int("NOOPT") != 0
 
 

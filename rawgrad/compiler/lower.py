@@ -11,6 +11,16 @@ The linear program is a list of statement UOps in execution order:
   initialised where it appears), ACC_UPDATE (acc = value), STORE(INDEX(buf, idx), value)
 with expression DAGs (ALU, CAST, BITCAST, CONST, LOAD(INDEX[, valid]), LOAD(acc), DEFINE_VAR, SPECIAL)
 hanging off them. A renderer emits each expression where it is first needed inside its loop.
+
+Vector memory access (GPU target): an elementwise kernel whose output is 32-bit and whose innermost output
+axis divides by `GPU_VECTOR_LANES` is lowered with that axis upcast, so each thread computes
+`GPU_VECTOR_LANES` neighbouring outputs. Every group of lane loads (and the lane stores) proven to read
+consecutive elements from an index that is a multiple of the lane count is listed in
+`LinearProgram.vector_groups`, and the PTX renderer turns each group into one 16-byte `ld`/`st.v4`.
+Buffers start at least 256-byte aligned (allocations are page-aligned, arena offsets are 256-aligned), so
+the proof on the index is all the alignment a vector access needs. Groups that cannot be proven (masked
+loads, reshapes that split the axis, broadcasts) stay scalar; if the stores cannot be proven the kernel
+is lowered again without the upcast. NOOPT=1 turns this off (one output per thread, scalar access).
 """
 from __future__ import annotations
 
@@ -18,6 +28,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rawgrad import config
 from rawgrad.compiler.ir import ALU, Ops, UOp, prod
 from rawgrad.compiler.opt import KernelOpts, choose_opts
 from rawgrad.compiler.symbolic import simplify
@@ -27,6 +38,9 @@ if TYPE_CHECKING:
     from rawgrad.compiler.view import ShapeTracker
 
 _IDX = dtypes.index
+# Lanes of one GPU vector access: 4 x 32-bit = 16 bytes, the widest global ld/st on sm_80 and sm_90.
+GPU_VECTOR_LANES = 4
+GPU_VECTOR_ELEMENT_BYTES = 4
 
 
 @dataclass
@@ -39,6 +53,9 @@ class LinearProgram:
     variables: list[UOp]  # DEFINE_VAR in argument order (after the buffers)
     global_size: Any  # int or UOp over `variables`: how many global indices the launch covers
     opts: KernelOpts = field(default_factory=KernelOpts)
+    # LOAD or STORE UOps in lane order, each group proven to access consecutive elements starting at a
+    # multiple of the group's size (see the module docstring); empty on the CPU target
+    vector_groups: list[tuple[UOp, ...]] = field(default_factory=list)
 
 
 def reduce_identity(op: Ops, dtype: DType) -> Any:
@@ -60,7 +77,7 @@ def _sint(v: Any) -> UOp:
 
 
 class _Lowerer:
-    def __init__(self, ast: UOp, name: str, target: str = "cpu"):
+    def __init__(self, ast: UOp, name: str, target: str = "cpu", vector_lanes: int = 1):
         if not (ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE):
             raise ValueError("a kernel must be a SINK of exactly one STORE")
         self.ast = ast
@@ -87,6 +104,7 @@ class _Lowerer:
         self.variables = sorted(variables, key=lambda v: v.arg)
         self.statements: list[UOp] = []
         self.loop_count = 0
+        self.vector_lanes = vector_lanes
 
     def _range(self, start: UOp, end: UOp, kind: str) -> UOp:
         r = UOp(Ops.RANGE, _IDX, (start, end), (self.loop_count, kind))
@@ -100,6 +118,9 @@ class _Lowerer:
         loads = [x for x in self.value.toposort() if x.op is Ops.LOAD]
         opts = choose_opts(self.full_shape, out_axes, self.reduce_axes, [ld.src[1].arg for ld in loads],
                            self.out_st, target=self.target)
+        vector_axis = self._vector_axis(out_axes)
+        if vector_axis is not None:
+            opts.upcast[vector_axis] = self.vector_lanes
         # loop extent of each axis after upcasting
         extent = [self.full_shape[i] // opts.upcast[i] if i in opts.upcast else self.full_shape[i]
                   for i in range(n)]
@@ -168,6 +189,8 @@ class _Lowerer:
             for combo, acc in accs.items():
                 final = UOp(Ops.LOAD, dt, (acc,), "final")
                 reduce_values[combo] = final if dt == out_dt else UOp(Ops.CAST, out_dt, (final,))
+        lane_stores: list[UOp] = []
+        lane_loads: dict[UOp, list[UOp]] = {}  # kernel LOAD -> its lowered load in each lane
         for combo in combos:
             out_idxs = idxs_for(combo, {i: _c(0) for i in self.reduce_axes})
             memo = {}
@@ -176,11 +199,50 @@ class _Lowerer:
             val = self.expr(self.value, out_idxs, out_idxs, memo)
             idx, valid = self.out_st.to_indexed_uops(out_idxs)
             index = UOp(Ops.INDEX, _IDX, (self.out_global, simplify(idx)))
-            self.statements.append(UOp(Ops.STORE, None, (index, val)))
+            store = UOp(Ops.STORE, None, (index, val))
+            self.statements.append(store)
+            lane_stores.append(store)
+            for node, lowered in memo.items():
+                if node.op is Ops.LOAD:
+                    lane_loads.setdefault(node, []).append(lowered)
         for r in reversed(out_ranges):
             self.statements.append(UOp(Ops.ENDRANGE, None, (r,)))
         self.statements.append(UOp(Ops.ENDRANGE, None, (g,)))
-        return LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, opts)
+        prog = LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, opts)
+        if vector_axis is not None and self._vector_group(lane_stores):
+            prog.vector_groups = [tuple(lane_stores)] + [tuple(lanes) for lanes in lane_loads.values()
+                                                         if self._vector_group(lanes)]
+        return prog
+
+    def _vector_axis(self, out_axes: list[int]) -> int | None:
+        """The output axis to upcast for vector access, or None (see the module docstring)."""
+        lanes = self.vector_lanes
+        out_dt = self.out_global.dtype
+        if lanes == 1 or self.reduce is not None or out_dt is None or out_dt.is_bool or \
+                out_dt.itemsize != GPU_VECTOR_ELEMENT_BYTES:
+            return None
+        live = [ax for ax in out_axes if not _is_one(self.full_shape[ax])]
+        if not live:
+            return None
+        size = self.full_shape[live[-1]]
+        return live[-1] if isinstance(size, int) and size % lanes == 0 else None
+
+    def _vector_group(self, lanes: list[UOp]) -> bool:
+        """Whether these per-lane loads (or stores) can be one vector access: unmasked 32-bit elements at
+        consecutive indices, the first a multiple of the lane count."""
+        if len(lanes) != self.vector_lanes or len(set(lanes)) != len(lanes):
+            return False
+        indexes = [u.src[0] for u in lanes]
+        if any(u.op is Ops.LOAD and len(u.src) != 1 for u in lanes) or \
+                any(ix.op is not Ops.INDEX or ix.src[0] is not indexes[0].src[0] for ix in indexes):
+            return False
+        dt = indexes[0].src[0].dtype
+        if dt is None or dt.is_bool or dt.itemsize != GPU_VECTOR_ELEMENT_BYTES:
+            return False
+        first = indexes[0].src[1]
+        if not simplify(first % _c(self.vector_lanes)).is_const(0):
+            return False
+        return all(simplify(ix.src[1] - first).is_const(k) for k, ix in enumerate(indexes))
 
     def expr(self, node: UOp, full_idxs: list[UOp], out_idxs: list[UOp], memo: dict[UOp, UOp]) -> UOp:
         hit = memo.get(node)
@@ -236,6 +298,10 @@ class _Lowerer:
         return simplify(idx), simplify(valid)
 
 
+def _is_one(dim: Any) -> bool:
+    return isinstance(dim, int) and dim == 1
+
+
 def _combine(op: Ops, acc: UOp, val: UOp) -> UOp:
     if op is Ops.ADD:
         return UOp(Ops.OR if acc.dtype == dtypes.bool else Ops.ADD, acc.dtype, (acc, val))
@@ -250,5 +316,11 @@ def lower(ast: UOp, name: str = "kernel", target: str = "cpu") -> LinearProgram:
     """Turn one kernel AST into a linear program (see module docstring).
 
     `target` is "cpu" (register tiles, a global range split across cores) or "gpu" (no tiles, every
-    output axis in the global range: one thread per output element); see opt.choose_opts."""
+    output axis in the global range: one thread per output element, or per `GPU_VECTOR_LANES` outputs
+    when they can be stored as one vector); see opt.choose_opts."""
+    if target == "gpu" and not config.NOOPT():
+        prog = _Lowerer(ast, name, target, vector_lanes=GPU_VECTOR_LANES).lower()
+        if prog.vector_groups or not prog.opts.upcast:
+            return prog  # vectorized (stores proven), or no axis was eligible: nothing to undo
+        # the upcast output stores could not be proven consecutive and aligned: one output per thread
     return _Lowerer(ast, name, target).lower()

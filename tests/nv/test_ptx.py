@@ -520,6 +520,79 @@ def test_gpu_lowering_has_no_tiles_and_every_output_axis_global():
     assert [st.arg[1] for st in prog.statements if st.op is Ops.RANGE] == ["global", "reduce"]
 
 
+def _gpu_kernel(t: Tensor) -> tuple[Any, str]:
+    """The last kernel of `t`'s schedule lowered for the GPU, and its PTX."""
+    items, _ = create_schedule([t.uop])
+    prog = PTXRenderer().lower(items[-1].ast, "k")  # type: ignore[arg-type]
+    return prog, PTXRenderer().render(prog)
+
+
+def _memory_ops(text: str) -> list[str]:
+    """The ld.global/st.global instructions of a kernel, with their types, in order."""
+    return re.findall(r"\b((?:ld|st)\.global\.[\w.]+)", text)
+
+
+def test_contiguous_elementwise_uses_16_byte_vector_loads_and_stores():
+    a, b, c = (RNG.standard_normal((8, 64), np.float32) for _ in range(3))
+    prog, text = _gpu_kernel(Tensor(a) * Tensor(b) + Tensor(c))
+    assert prog.global_size == 8 * 64 // 4 and len(prog.vector_groups) == 4  # the stores + 3 inputs
+    assert _memory_ops(text) == ["ld.global.v4.f32"] * 3 + ["st.global.v4.f32"]
+    (got,) = run_on_ptx(Tensor(a) * Tensor(b) + Tensor(c))
+    np.testing.assert_array_equal(got, a * b + c)
+
+
+def test_vector_loads_only_where_consecutive_and_aligned():
+    x = RNG.standard_normal((8, 12)).astype(np.float32)
+    row = RNG.standard_normal(12).astype(np.float32)
+    t = Tensor(x)
+    cases = {  # tensor, numpy reference, expected loads of the input
+        "aligned shrink": (t[:, 4:12] * 2, x[:, 4:12] * 2, ["ld.global.v4.f32"]),
+        "shrink by 1": (t[:, 1:9] * 2, x[:, 1:9] * 2, ["ld.global.f32"] * 4),  # index 1 mod 4: scalar
+        "transpose": (t.T + 1, x.T + 1, ["ld.global.f32"] * 4),  # lanes 12 elements apart
+        "broadcast row": (t + Tensor(row), x + row, ["ld.global.v4.f32"] * 2),
+        "broadcast column": (t * t[:, :1], x * x[:, :1], ["ld.global.v4.f32", "ld.global.f32"]),
+    }
+    for name, (tensor, ref, loads) in cases.items():
+        prog, text = _gpu_kernel(tensor)
+        assert _memory_ops(text) == loads + ["st.global.v4.f32"], name
+        np.testing.assert_array_equal(ptx1(tensor), ref, err_msg=name)
+    # padding: the masked loads stay scalar and predicated; the stores are still one vector
+    padded = t.pad(((0, 0), (1, 3))) + 1
+    _, text = _gpu_kernel(padded)
+    assert "st.global.v4.f32" in text and "ld.global.v4" not in text and "@%p" in text
+    np.testing.assert_array_equal(ptx1(padded), np.pad(x, ((0, 0), (1, 3))) + 1)
+
+
+def test_no_vector_access_where_it_cannot_apply():
+    x = RNG.standard_normal((5, 7)).astype(np.float32)
+    cases = {
+        "last axis not a multiple of 4": Tensor(x) + 1,
+        "16-bit output": Tensor(np.ones((4, 8), np.float32)).half() * 2,
+        "reduce": Tensor(x).sum(1),
+    }
+    for name, tensor in cases.items():
+        prog, text = _gpu_kernel(tensor)
+        assert prog.vector_groups == [] and ".v4" not in text and prog.opts.upcast == {}, name
+    n = Variable("n", 1, 64).bind(24)  # a symbolic last axis: its size is not known to divide by 4
+    prog, text = _gpu_kernel(Tensor(np.ones(64, np.float32)).shrink(((0, n),)) + 1)
+    assert prog.vector_groups == [] and ".v4" not in text
+
+
+def test_noopt_turns_vector_access_off(monkeypatch):
+    monkeypatch.setenv("NOOPT", "1")
+    prog, text = _gpu_kernel(Tensor(np.ones((4, 8), np.float32)) + 1)
+    assert prog.global_size == 32 and _memory_ops(text) == ["ld.global.f32", "st.global.f32"]
+
+
+def test_vector_access_with_a_symbolic_leading_axis_and_int32():
+    n = Variable("rows", 1, 6)
+    x = RNG.integers(-100, 100, (6, 8)).astype(np.int32)
+    t = Tensor(x).shrink(((0, n.bind(3)), None)) * 3
+    prog, text = _gpu_kernel(t)
+    assert _memory_ops(text) == ["ld.global.v4.s32", "st.global.v4.s32"]
+    np.testing.assert_array_equal(ptx1(t), x[:3] * 3)
+
+
 # ---------------------------------------------------------------------- scheduler kernels, run as PTX
 FLOAT_DTYPES = [dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.float64]
 

@@ -11,7 +11,10 @@ and size (natural alignment, offsets from 0: every parameter is 8 bytes, so para
 Thread mapping: one thread per global index, `gidx = ctaid.x * ntid.x + tid.x`; threads with
 `gidx >= global_size` do nothing. `global_size` may be symbolic: the kernel computes it from the
 Variable parameters. Launch with `launch_dims(global_size)` (blocks of `THREADS_PER_BLOCK`).
-Lowering is `lower(..., target="gpu")`: no register tiles, every output axis in the global index.
+Lowering is `lower(..., target="gpu")`: no register tiles, every output axis in the global index. An
+elementwise kernel with 32-bit output may give each thread 4 neighbouring outputs (`vector_groups` of the
+linear program): those stores, and the loads proven consecutive and 16-byte aligned, become one
+`ld`/`st.global.v4` each, so a memory-bound kernel issues a quarter of the memory instructions.
 
 Registers: bool is a predicate (`.pred`) and a byte (0/1) in memory; integers of up to 32 bits live in
 `.b32` registers, sign- or zero-extended from their width after every operation that can wrap
@@ -170,6 +173,8 @@ class _Emitter:
         self.loops: dict[UOp, tuple[str, str, str]] = {}  # RANGE -> (counter, head label, exit label)
         self.acc_regs: dict[UOp, str] = {}
         self.exit_label = self.label("exit")
+        # vector access (lower.py): each lane's LOAD/STORE -> its group, lanes in order
+        self.vector_group_of = {u: group for group in prog.vector_groups for u in group}
 
     # ------------------------------------------------------------------ helpers
     def reg(self, cls: str) -> str:
@@ -296,6 +301,11 @@ class _Emitter:
             target, val = st.src
             self.ins(f"mov.{op_type(target.dt)} {self.acc_regs[target]}, {self.value(val)}")
         elif op is Ops.STORE:
+            group = self.vector_group_of.get(st)
+            if group is not None:
+                if st is group[0]:  # the first lane stores the whole vector; the others are in it
+                    self.vector_store(group)
+                return
             index, val = st.src
             glob = index.src[0]
             assert glob.dtype is not None
@@ -356,8 +366,34 @@ class _Emitter:
         shifted = self.op("b32", f"shl.b32 {{d}}, {bits}, 16")
         return self.op("f32", f"mov.b32 {{d}}, {shifted}")
 
+    def vector_store(self, group: tuple[UOp, ...]) -> None:
+        """One st.global.v4 for lanes storing consecutive 32-bit elements (proven by the lowerer); 32-bit
+        values are stored as they are held, so no lane needs converting."""
+        index = group[0].src[0]
+        glob = index.src[0]
+        assert glob.dtype is not None
+        values = [self.value(st.src[1]) for st in group]
+        addr = self.address(index)
+        self.ins(f"st.global.v{len(group)}.{_mem_type(glob.dtype)} [{addr}], {{{', '.join(values)}}}")
+
+    def vector_load(self, u: UOp, group: tuple[UOp, ...]) -> str:
+        """One ld.global.v4 for every lane of `u`'s group; the other lanes' registers are recorded at the
+        level `u` is being emitted at, so their own value() calls find them."""
+        assert u.dtype is not None
+        regs = [self.reg(_raw_class(u.dtype)) for _ in group]
+        addr = self.address(group[0].src[0])
+        self.ins(f"ld.global.v{len(group)}.{_mem_type(u.dtype)} {{{', '.join(regs)}}}, [{addr}]")
+        for lane, reg in zip(group, regs, strict=True):
+            if lane is not u:
+                self.scopes[self.emit_level][lane] = reg
+                self.level_of[lane] = self.emit_level
+        return regs[group.index(u)]
+
     def load(self, u: UOp) -> str:
         assert u.dtype is not None
+        group = self.vector_group_of.get(u)
+        if group is not None:
+            return self.vector_load(u, group)
         dt = u.dtype
         addr = self.address(u.src[0])
         raw = self.reg(_raw_class(dt))
