@@ -8,7 +8,7 @@ Stages and the ops legal in each (checked by `verify` in tests):
   ASSIGN, DEFINE_VAR, BIND
 - kernel (what the scheduler hands the lowerer): SINK of STOREs whose values read LOADs through VIEWs
 - loops / linear program (what the lowerer hands a renderer): RANGE, ENDRANGE, DEFINE_ACC, INDEX, LOAD,
-  STORE, ALU, CAST, BITCAST, CONST, DEFINE_GLOBAL, DEFINE_VAR, SPECIAL
+  STORE, ALU, CAST, BITCAST, CONST, DEFINE_GLOBAL, DEFINE_VAR, SPECIAL (and GROUP_COMBINE on the GPU)
 """
 from __future__ import annotations
 
@@ -100,6 +100,9 @@ class Ops(Enum):
     INDEX = auto()  # src: (DEFINE_GLOBAL, index): the address of one element
     DEFINE_ACC = auto()  # src: (init value, *reduce RANGEs), arg: accumulator number
     ACC_UPDATE = auto()  # src: (DEFINE_ACC, new value): store into the accumulator inside its loops
+    # src: (DEFINE_ACC,), arg: (reduce op, threads): GPU only; combine the accumulator of the threads that
+    # share one output (a thread group, see lower.py); afterwards every one of them holds the result
+    GROUP_COMBINE = auto()
     REDUCE = auto()  # src: (value, *ranges), arg: reduce op; removed before linearizing
 
 

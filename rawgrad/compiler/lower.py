@@ -21,6 +21,14 @@ Buffers start at least 256-byte aligned (allocations are page-aligned, arena off
 the proof on the index is all the alignment a vector access needs. Groups that cannot be proven (masked
 loads, reshapes that split the axis, broadcasts) stay scalar; if the stores cannot be proven the kernel
 is lowered again without the upcast. NOOPT=1 turns this off (one output per thread, scalar access).
+
+Group reductions (GPU target): a reduce whose innermost reduce axis divides by `GPU_REDUCE_GROUP` and which
+every input reads contiguously along that axis (a row sum, a matrix-vector product with weights stored
+(out, in), attention scores) gives each output a group of `GPU_REDUCE_GROUP` threads, one thread block.
+Global index g is then output g // group and lane g % group; lane l adds elements l, l + group, ... so
+neighbouring threads read neighbouring elements (one coalesced line per warp instead of one line per
+thread), and GROUP_COMBINE merges the lanes' accumulators. With one thread per output the GPU would run
+a single thread for a full sum and a few hundred for a decode step's matrix-vector products.
 """
 from __future__ import annotations
 
@@ -41,6 +49,8 @@ _IDX = dtypes.index
 # Lanes of one GPU vector access: 4 x 32-bit = 16 bytes, the widest global ld/st on sm_80 and sm_90.
 GPU_VECTOR_LANES = 4
 GPU_VECTOR_ELEMENT_BYTES = 4
+# Threads that share one reduce output: one thread block of the PTX renderer (THREADS_PER_BLOCK).
+GPU_REDUCE_GROUP = 128
 
 
 @dataclass
@@ -56,6 +66,8 @@ class LinearProgram:
     # LOAD or STORE UOps in lane order, each group proven to access consecutive elements starting at a
     # multiple of the group's size (see the module docstring); empty on the CPU target
     vector_groups: list[tuple[UOp, ...]] = field(default_factory=list)
+    # threads that cooperate on one output (group reductions, see the module docstring); 1 = one per output
+    group_size: int = 1
 
 
 def reduce_identity(op: Ops, dtype: DType) -> Any:
@@ -77,7 +89,8 @@ def _sint(v: Any) -> UOp:
 
 
 class _Lowerer:
-    def __init__(self, ast: UOp, name: str, target: str = "cpu", vector_lanes: int = 1):
+    def __init__(self, ast: UOp, name: str, target: str = "cpu", vector_lanes: int = 1,
+                 reduce_group: int = 1):
         if not (ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE):
             raise ValueError("a kernel must be a SINK of exactly one STORE")
         self.ast = ast
@@ -105,6 +118,7 @@ class _Lowerer:
         self.statements: list[UOp] = []
         self.loop_count = 0
         self.vector_lanes = vector_lanes
+        self.reduce_group = reduce_group
 
     def _range(self, start: UOp, end: UOp, kind: str) -> UOp:
         r = UOp(Ops.RANGE, _IDX, (start, end), (self.loop_count, kind))
@@ -128,15 +142,17 @@ class _Lowerer:
         loop_axes = [i for i in ordered if not (isinstance(extent[i], int) and extent[i] == 1)]
         global_axes = loop_axes[:opts.global_axes]
         inner_axes = loop_axes[opts.global_axes:]
-        global_size = prod(extent[i] for i in global_axes)
+        group = self._reduce_group_size(loads)
+        global_size = prod(extent[i] for i in global_axes) * group
         base: dict[int, UOp] = {i: _c(0) for i in range(n)}
         most = global_size if isinstance(global_size, int) else int(global_size.vmax)
         start = UOp(Ops.SPECIAL, _IDX, (), ("start", most))
         end = UOp(Ops.SPECIAL, _IDX, (), ("end", most))
         g = self._range(start, end, "global")
+        out_g = g // group if group > 1 else g  # which output this thread works on
         stride: Any = 1
         for i in reversed(global_axes):
-            idx = g // stride if not (isinstance(stride, int) and stride == 1) else g
+            idx = out_g // stride if not (isinstance(stride, int) and stride == 1) else out_g
             base[i] = idx if i == global_axes[0] else idx % extent[i]
             stride = stride * extent[i]
         out_ranges = []
@@ -171,8 +187,14 @@ class _Lowerer:
             rbase: dict[int, UOp] = {}
             red_ranges = []
             for i in self.reduce_axes:
-                rbase[i] = self._range(_c(0), _sint(self.full_shape[i]), "reduce")
-                red_ranges.append(rbase[i])
+                if group > 1 and i == self.reduce_axes[-1]:
+                    # lane l of the group takes elements l, l + group, ...: a warp reads one contiguous run
+                    r = self._range(_c(0), _c(self.full_shape[i] // group), "reduce")
+                    rbase[i] = r * group + g % group
+                else:
+                    r = self._range(_c(0), _sint(self.full_shape[i]), "reduce")
+                    rbase[i] = r
+                red_ranges.append(r)
             memo: dict[UOp, UOp] = {}
             for combo in combos:
                 idxs = idxs_for(combo, rbase)
@@ -185,6 +207,9 @@ class _Lowerer:
                 self.statements.append(UOp(Ops.ACC_UPDATE, None, (acc, _combine(rop, cur, val))))
             for r in reversed(red_ranges):
                 self.statements.append(UOp(Ops.ENDRANGE, None, (r,)))
+            if group > 1:
+                for acc in accs.values():
+                    self.statements.append(UOp(Ops.GROUP_COMBINE, None, (acc,), (rop, group)))
             reduce_values = {}
             for combo, acc in accs.items():
                 final = UOp(Ops.LOAD, dt, (acc,), "final")
@@ -208,11 +233,35 @@ class _Lowerer:
         for r in reversed(out_ranges):
             self.statements.append(UOp(Ops.ENDRANGE, None, (r,)))
         self.statements.append(UOp(Ops.ENDRANGE, None, (g,)))
-        prog = LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, opts)
+        prog = LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, opts,
+                             group_size=group)
         if vector_axis is not None and self._vector_group(lane_stores):
             prog.vector_groups = [tuple(lane_stores)] + [tuple(lanes) for lanes in lane_loads.values()
                                                          if self._vector_group(lanes)]
         return prog
+
+    def _reduce_group_size(self, loads: list[UOp]) -> int:
+        """`self.reduce_group` if this reduce can be split across a thread group (see the module
+        docstring), else 1."""
+        group = self.reduce_group
+        if group == 1 or self.reduce is None or not self.reduce_axes:
+            return 1
+        if self.reduce.dtype is None or self.reduce.dtype.is_bool:
+            return 1
+        axis = self.reduce_axes[-1]
+        size = self.full_shape[axis]
+        if not isinstance(size, int) or size % group != 0:
+            return 1
+        if any(n.op is Ops.GATHER for n in self.value.toposort()):
+            return 1
+        for ld in loads:
+            st = ld.src[1].arg
+            if tuple(st.shape) != tuple(self.full_shape):
+                continue  # read at the output index: the same element for every lane
+            stride = st.real_strides()[axis]
+            if not (isinstance(stride, int) and stride in (0, 1)):
+                return 1  # strided along the reduce: one thread per output reads it coalesced instead
+        return group
 
     def _vector_axis(self, out_axes: list[int]) -> int | None:
         """The output axis to upcast for vector access, or None (see the module docstring)."""
@@ -319,7 +368,8 @@ def lower(ast: UOp, name: str = "kernel", target: str = "cpu") -> LinearProgram:
     output axis in the global range: one thread per output element, or per `GPU_VECTOR_LANES` outputs
     when they can be stored as one vector); see opt.choose_opts."""
     if target == "gpu" and not config.NOOPT():
-        prog = _Lowerer(ast, name, target, vector_lanes=GPU_VECTOR_LANES).lower()
+        prog = _Lowerer(ast, name, target, vector_lanes=GPU_VECTOR_LANES,
+                        reduce_group=GPU_REDUCE_GROUP).lower()
         if prog.vector_groups or not prog.opts.upcast:
             return prog  # vectorized (stores proven), or no axis was eligible: nothing to undo
         # the upcast output stores could not be proven consecutive and aligned: one output per thread

@@ -593,6 +593,65 @@ def test_vector_access_with_a_symbolic_leading_axis_and_int32():
     np.testing.assert_array_equal(ptx1(t), x[:3] * 3)
 
 
+def test_row_reductions_split_each_output_across_a_thread_block():
+    x = RNG.standard_normal((6, 512)).astype(np.float32)
+    bias = RNG.standard_normal(6).astype(np.float32)
+    t = Tensor(x).sum(1) + Tensor(bias)  # the bias is read after the combine: only lane 0 stores
+    prog, text = _gpu_kernel(t)
+    assert prog.group_size == THREADS_PER_BLOCK and prog.global_size == 6 * THREADS_PER_BLOCK
+    assert sum(st.op is Ops.GROUP_COMBINE for st in prog.statements) == 1
+    assert ".shared .align 8 .b8 k_group[1024]" in text and text.count("bar.sync 0") == 9  # 7 steps + 2
+    assert re.search(r"@%p\d+ st\.global\.f32", text)  # the store is gated on lane 0
+    np.testing.assert_allclose(ptx1(t), x.sum(1) + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_group_reductions_for_every_reduce_op_and_shape():
+    x = RNG.standard_normal((3, 4, 256)).astype(np.float32)
+    w = RNG.standard_normal((40, 256)).astype(np.float32)
+    v = RNG.standard_normal((2, 256)).astype(np.float32)
+    ints = RNG.integers(-1000, 1000, (5, 384)).astype(np.int32)
+    t = Tensor(x)
+    cases = {  # tensor, reference, tolerance
+        "max": (t.max(2), x.max(2), 0),
+        "min of negatives": (-(-t).max(2), x.min(2), 0),
+        "sum over two axes": (t.sum((1, 2)), x.sum((1, 2)), 1e-4),
+        "full sum": (t.sum(), x.sum(), 1e-3),
+        "matrix-vector, weights (out, in)": (Tensor(v) @ Tensor(w).T, v @ w.T, 1e-4),
+        "int32 sum": (Tensor(ints).sum(1), ints.sum(1, dtype=np.int32), 0),
+        "float16 mean": (Tensor(x).half().mean(2), x.astype(np.float16).astype(np.float32).mean(2), 2e-3),
+    }
+    for name, (tensor, ref, tol) in cases.items():
+        prog, _ = _gpu_kernel(tensor)
+        assert prog.group_size == THREADS_PER_BLOCK, name
+        np.testing.assert_allclose(ptx1(tensor), ref, rtol=tol, atol=tol, err_msg=name)
+
+
+def test_reductions_that_stay_one_thread_per_output():
+    x = RNG.standard_normal((512, 8)).astype(np.float32)
+    cases = {
+        "strided along the reduce (column sums read coalesced across outputs)": Tensor(x).sum(0),
+        "reduce axis not a multiple of the group": Tensor(x.reshape(16, 256)[:, :200]).sum(1),
+        "matmul with a row-major right operand": Tensor(x.T.copy()) @ Tensor(x),
+    }
+    for name, tensor in cases.items():
+        prog, text = _gpu_kernel(tensor)
+        assert prog.group_size == 1 and "bar.sync" not in text, name
+    n = Variable("k", 128, 512).bind(256)  # a symbolic reduce length
+    prog, _ = _gpu_kernel(Tensor(np.ones(512, np.float32)).shrink(((0, n),)).sum())
+    assert prog.group_size == 1
+
+
+def test_group_reduction_with_a_symbolic_output_axis(monkeypatch):
+    rows = Variable("rows", 1, 8)
+    x = RNG.standard_normal((8, 256)).astype(np.float32)
+    t = Tensor(x).shrink(((0, rows.bind(5)), None)).sum(1)
+    prog, _ = _gpu_kernel(t)
+    assert prog.group_size == THREADS_PER_BLOCK and isinstance(prog.global_size, UOp)
+    np.testing.assert_allclose(ptx1(t), x[:5].sum(1), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("NOOPT", "1")
+    assert _gpu_kernel(Tensor(x).sum(1))[0].group_size == 1
+
+
 # ---------------------------------------------------------------------- scheduler kernels, run as PTX
 FLOAT_DTYPES = [dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.float64]
 

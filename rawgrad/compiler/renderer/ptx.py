@@ -51,6 +51,7 @@ DEFAULT_ARCH = "sm_90"  # Hopper (H100/H200)
 ADDRESS_SIZE = 64
 THREADS_PER_BLOCK = 128  # a multiple of the 32-thread warp; small enough for any register budget
 PARAM_SIZE = 8  # every parameter is a .u64 pointer or an .s64 Variable value
+GROUP_SLOT_BYTES = 8  # one accumulator (up to 64 bits) per thread in a group reduction's shared array
 MAX_GRID_X = 2 ** 31 - 1  # the x dimension of a grid (CUDA programming guide, compute capability >= 3.0)
 
 # register classes: (PTX register type, name prefix)
@@ -175,6 +176,13 @@ class _Emitter:
         self.exit_label = self.label("exit")
         # vector access (lower.py): each lane's LOAD/STORE -> its group, lanes in order
         self.vector_group_of = {u: group for group in prog.vector_groups for u in group}
+        # group reductions (lower.py): the thread's lane in its block, and the predicate "lane == 0" that
+        # gates stores (every lane holds the combined result; one of them writes it)
+        if prog.group_size not in (1, THREADS_PER_BLOCK):
+            raise ValueError(f"{prog.name}: a thread group of {prog.group_size} threads; the PTX renderer "
+                             f"runs groups of one block ({THREADS_PER_BLOCK} threads)")
+        self.lane = ""
+        self.store_gate: str | None = None
 
     # ------------------------------------------------------------------ helpers
     def reg(self, cls: str) -> str:
@@ -261,10 +269,18 @@ class _Emitter:
         self.ins("ret")
         decls = [f"\t.reg {_CLASSES[c][0]} {_CLASSES[c][1]}<{n}>;" for c, n in self.counts.items() if n]
         body = self.body[:prologue_end] + self.consts + self.body[prologue_end:]
+        if p.group_size > 1:
+            decls.append(f"\t.shared .align {GROUP_SLOT_BYTES} .b8 {self.group_buffer}"
+                         f"[{p.group_size * GROUP_SLOT_BYTES}];")
         head = [f".version {PTX_VERSION}", f".target {self.arch}", f".address_size {ADDRESS_SIZE}", "",
                 f".visible .entry {p.name}(", ",\n".join(params), ")",
                 f".maxntid {THREADS_PER_BLOCK}, 1, 1", "{"]
         return "\n".join(head + decls + [""] + body + ["}", ""])
+
+    @property
+    def group_buffer(self) -> str:
+        """The shared-memory array GROUP_COMBINE exchanges accumulators through: one slot per thread."""
+        return f"{self.prog.name}_group"
 
     # ------------------------------------------------------------------ statements
     def statement(self, st: UOp) -> None:
@@ -300,6 +316,8 @@ class _Emitter:
         elif op is Ops.ACC_UPDATE:
             target, val = st.src
             self.ins(f"mov.{op_type(target.dt)} {self.acc_regs[target]}, {self.value(val)}")
+        elif op is Ops.GROUP_COMBINE:
+            self.group_combine(st)
         elif op is Ops.STORE:
             group = self.vector_group_of.get(st)
             if group is not None:
@@ -311,7 +329,8 @@ class _Emitter:
             assert glob.dtype is not None
             addr = self.address(index)
             stored = self.to_memory(self.value(val), glob.dtype)
-            self.ins(f"st.global.{_mem_type(glob.dtype)} [{addr}], {stored}")
+            gate = f"@{self.store_gate} " if self.store_gate is not None else ""
+            self.ins(f"{gate}st.global.{_mem_type(glob.dtype)} [{addr}], {stored}")
         else:
             raise NotImplementedError(f"PTX renderer: unexpected statement {op}")
 
@@ -329,6 +348,42 @@ class _Emitter:
         self.ins(f"@{out} bra {self.exit_label}")
         self.scopes[0][st] = gidx
         self.level_of[st] = 0
+        self.lane = lane
+        if self.prog.group_size > 1:
+            # a group is one whole block and the global size a multiple of it, so no thread of a group
+            # left at the guard above: every one reaches the group's barriers
+            self.store_gate = self.op("pred", f"setp.eq.u32 {{d}}, {lane}, {self.const(0, dtypes.uint32)}")
+
+    def group_combine(self, st: UOp) -> None:
+        """Tree-combine one accumulator across the block through shared memory: each step, lanes below
+        `half` merge the slot `half` above theirs; then every lane reads the result from slot 0. The last
+        barrier keeps the slots intact until every lane has read them (a second accumulator reuses them)."""
+        acc = st.src[0]
+        rop, group = st.arg
+        dt = acc.dt
+        reg = self.acc_regs[acc]
+        t = op_type(dt)
+        slot_bytes = self.const(GROUP_SLOT_BYTES, dtypes.int64)
+        base = self.op("b64", f"mov.u64 {{d}}, {self.group_buffer}")
+        lane64 = self.op("b64", f"cvt.u64.u32 {{d}}, {self.lane}")
+        mine = self.op("b64", f"mad.lo.s64 {{d}}, {lane64}, {slot_bytes}, {base}")
+        self.ins(f"st.shared.{t} [{mine}], {reg}")
+        self.ins("bar.sync 0")
+        half = group // 2
+        while half >= 1:
+            skip = self.label("group_skip")
+            idle = self.op("pred", f"setp.ge.u32 {{d}}, {self.lane}, {self.const(half, dtypes.uint32)}")
+            self.ins(f"@{idle} bra {skip}")
+            other = self.reg(reg_class(dt))
+            self.ins(f"ld.shared.{t} {other}, [{mine}+{half * GROUP_SLOT_BYTES}]")
+            merged = self.alu(rop, dt, (acc, acc), [reg, other])
+            self.ins(f"mov.{t} {reg}, {merged}")
+            self.ins(f"st.shared.{t} [{mine}], {reg}")
+            self.put_label(skip)
+            self.ins("bar.sync 0")
+            half //= 2
+        self.ins(f"ld.shared.{t} {reg}, [{base}]")
+        self.ins("bar.sync 0")
 
     # ------------------------------------------------------------------ memory
     def address(self, index: UOp) -> str:
