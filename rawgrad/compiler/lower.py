@@ -27,7 +27,8 @@ every input reads contiguously along that axis (a row sum, a matrix-vector produ
 (out, in), attention scores) gives each output a group of `GPU_REDUCE_GROUP` threads, one thread block.
 Global index g is then output g // group and lane g % group; lane l adds elements l, l + group, ... so
 neighbouring threads read neighbouring elements (one coalesced line per warp instead of one line per
-thread), and GROUP_COMBINE merges the lanes' accumulators. With one thread per output the GPU would run
+thread), and GROUP_COMBINE merges the lanes' accumulators (warp shuffles, then the warps' results
+through shared memory). With one thread per output the GPU would run
 a single thread for a full sum and a few hundred for a decode step's matrix-vector products.
 """
 from __future__ import annotations

@@ -424,6 +424,56 @@ def test_int_division_shifts_and_wide_multiplies():
 
 
 # ---------------------------------------------------------------------- errors
+SHUFFLE = """
+.visible .entry shuffle(.param .u64 out, .param .u32 lane_mask)
+{
+  .reg .pred %p<2>;
+  .reg .b32 %r<6>;
+  .reg .b64 %rd<4>;
+  .reg .f32 %f<3>;
+  ld.param.u64 %rd1, [out];
+  ld.param.u32 %r1, [lane_mask];
+  mov.u32 %r2, %tid.x;
+  mov.u32 %r3, %ctaid.x;
+  mov.u32 %r4, %ntid.x;
+  mad.lo.u32 %r5, %r3, %r4, %r2;
+  cvt.rn.f32.u32 %f1, %r5;
+  // divergent before the shuffle: odd threads take a detour, the warp meets again at JOIN
+  and.b32 %r3, %r5, 1;
+  setp.eq.u32 %p1, %r3, 1;
+  @%p1 bra JOIN;
+JOIN:
+  shfl.sync.bfly.b32 %f2|%p1, %f1, %r1, 0x1f, 0xffffffff;
+  mul.wide.u32 %rd2, %r5, 4;
+  add.s64 %rd3, %rd1, %rd2;
+  st.global.f32 [%rd3], %f2;
+}
+"""
+
+
+def test_shuffle_butterfly_reads_the_partner_lane_of_the_same_warp():
+    blocks, threads = 3, 64
+    for lane_mask in (1, 5, 16, 31):
+        mem = NumpyMemory()
+        out = mem.alloc(blocks * threads * 4)
+        launch(SHUFFLE, "shuffle", (blocks, 1, 1), (threads, 1, 1), "<QI", out, lane_mask, mem=mem)
+        gid = np.arange(blocks * threads)
+        np.testing.assert_array_equal(mem.read(out, np.float32, gid.size), gid ^ lane_mask)
+    # part of a warp at a shuffle, a partial membermask, blocks that are not whole warps: all refused
+    mem = NumpyMemory()
+    out = mem.alloc(64 * 4)
+    store = "st.global.f32 [%rd3], %f2;"
+    partial = SHUFFLE.replace("@%p1 bra JOIN;\nJOIN:", "@%p1 bra DONE;").replace(store, store + "\nDONE:")
+    with pytest.raises(PTXError, match="only part of a warp"):
+        launch(partial, "shuffle", (1, 1, 1), (64, 1, 1), "<QI", out, 1, mem=mem)
+    with pytest.raises(PTXError, match="whole warps"):
+        launch(SHUFFLE, "shuffle", (1, 1, 1), (48, 1, 1), "<QI", out, 1, mem=mem)
+    with pytest.raises(PTXError, match="membermask"):
+        PTXModule(HEADER + SHUFFLE.replace("0xffffffff", "0x0000ffff"))
+    with pytest.raises(PTXError, match="unsupported modifier .down for shfl"):
+        PTXModule(HEADER + SHUFFLE.replace("shfl.sync.bfly", "shfl.sync.down"))
+
+
 def test_unknown_instruction_raises_naming_the_line():
     src = HEADER + (".visible .entry bad()\n{\n  .reg .b32 %r<2>;\n  mov.u32 %r0, 1;\n"
                     "  frobnicate.u32 %r1, %r0;\n}\n")
@@ -600,7 +650,9 @@ def test_row_reductions_split_each_output_across_a_thread_block():
     prog, text = _gpu_kernel(t)
     assert prog.group_size == THREADS_PER_BLOCK and prog.global_size == 6 * THREADS_PER_BLOCK
     assert sum(st.op is Ops.GROUP_COMBINE for st in prog.statements) == 1
-    assert ".shared .align 8 .b8 k_group[1024]" in text and text.count("bar.sync 0") == 9  # 7 steps + 2
+    # five butterfly shuffles inside each warp, then the 4 warps' results through shared memory
+    assert ".shared .align 8 .b8 k_group[32]" in text and text.count("bar.sync 0") == 2
+    assert text.count("shfl.sync.bfly.b32") == 5
     assert re.search(r"@%p\d+ st\.global\.f32", text)  # the store is gated on lane 0
     np.testing.assert_allclose(ptx1(t), x.sum(1) + bias, rtol=1e-5, atol=1e-5)
 
@@ -619,6 +671,9 @@ def test_group_reductions_for_every_reduce_op_and_shape():
         "matrix-vector, weights (out, in)": (Tensor(v) @ Tensor(w).T, v @ w.T, 1e-4),
         "int32 sum": (Tensor(ints).sum(1), ints.sum(1, dtype=np.int32), 0),
         "float16 mean": (Tensor(x).half().mean(2), x.astype(np.float16).astype(np.float32).mean(2), 2e-3),
+        # 64-bit accumulators cross lanes as two 32-bit shuffles
+        "float64 sum": (Tensor(x.astype(np.float64)).sum(2), x.astype(np.float64).sum(2), 1e-12),
+        "int64 max": (Tensor(ints.astype(np.int64) << 20).max(1), (ints.astype(np.int64) << 20).max(1), 0),
     }
     for name, (tensor, ref, tol) in cases.items():
         prog, _ = _gpu_kernel(tensor)

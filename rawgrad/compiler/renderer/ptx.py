@@ -51,7 +51,10 @@ DEFAULT_ARCH = "sm_90"  # Hopper (H100/H200)
 ADDRESS_SIZE = 64
 THREADS_PER_BLOCK = 128  # a multiple of the 32-thread warp; small enough for any register budget
 PARAM_SIZE = 8  # every parameter is a .u64 pointer or an .s64 Variable value
-GROUP_SLOT_BYTES = 8  # one accumulator (up to 64 bits) per thread in a group reduction's shared array
+GROUP_SLOT_BYTES = 8  # one accumulator (up to 64 bits) per warp in a group reduction's shared array
+WARP_SIZE = 32
+SHFL_WHOLE_WARP = "0x1f"  # shfl.sync c operand: one segment spanning the warp
+SHFL_ALL_LANES = "0xffffffff"  # shfl.sync membermask: every lane of the warp takes part
 MAX_GRID_X = 2 ** 31 - 1  # the x dimension of a grid (CUDA programming guide, compute capability >= 3.0)
 
 # register classes: (PTX register type, name prefix)
@@ -271,7 +274,7 @@ class _Emitter:
         body = self.body[:prologue_end] + self.consts + self.body[prologue_end:]
         if p.group_size > 1:
             decls.append(f"\t.shared .align {GROUP_SLOT_BYTES} .b8 {self.group_buffer}"
-                         f"[{p.group_size * GROUP_SLOT_BYTES}];")
+                         f"[{p.group_size // WARP_SIZE * GROUP_SLOT_BYTES}];")
         head = [f".version {PTX_VERSION}", f".target {self.arch}", f".address_size {ADDRESS_SIZE}", "",
                 f".visible .entry {p.name}(", ",\n".join(params), ")",
                 f".maxntid {THREADS_PER_BLOCK}, 1, 1", "{"]
@@ -279,7 +282,7 @@ class _Emitter:
 
     @property
     def group_buffer(self) -> str:
-        """The shared-memory array GROUP_COMBINE exchanges accumulators through: one slot per thread."""
+        """The shared-memory array GROUP_COMBINE exchanges accumulators through: one slot per warp."""
         return f"{self.prog.name}_group"
 
     # ------------------------------------------------------------------ statements
@@ -355,35 +358,50 @@ class _Emitter:
             self.store_gate = self.op("pred", f"setp.eq.u32 {{d}}, {lane}, {self.const(0, dtypes.uint32)}")
 
     def group_combine(self, st: UOp) -> None:
-        """Tree-combine one accumulator across the block through shared memory: each step, lanes below
-        `half` merge the slot `half` above theirs; then every lane reads the result from slot 0. The last
-        barrier keeps the slots intact until every lane has read them (a second accumulator reuses them)."""
+        """Combine one accumulator across the block: five butterfly shuffles leave every lane holding its
+        warp's result; lane 0 of each warp puts that in the shared slot of its warp, and after a barrier
+        every lane combines the slots in order, so all lanes hold the same bits. The closing barrier keeps
+        the slots intact until every lane has read them (a second accumulator reuses them)."""
         acc = st.src[0]
         rop, group = st.arg
         dt = acc.dt
         reg = self.acc_regs[acc]
         t = op_type(dt)
-        slot_bytes = self.const(GROUP_SLOT_BYTES, dtypes.int64)
+        lane_bits = self.const(WARP_SIZE - 1, dtypes.uint32)
+        offset = WARP_SIZE // 2
+        while offset >= 1:
+            other = self.shuffle_xor(reg, reg_class(dt), offset)
+            self.ins(f"mov.{t} {reg}, {self.alu(rop, dt, (acc, acc), [reg, other])}")
+            offset //= 2
         base = self.op("b64", f"mov.u64 {{d}}, {self.group_buffer}")
-        lane64 = self.op("b64", f"cvt.u64.u32 {{d}}, {self.lane}")
-        mine = self.op("b64", f"mad.lo.s64 {{d}}, {lane64}, {slot_bytes}, {base}")
-        self.ins(f"st.shared.{t} [{mine}], {reg}")
+        warp = self.op("b32", f"shr.u32 {{d}}, {self.lane}, {WARP_SIZE.bit_length() - 1}")
+        warp64 = self.op("b64", f"cvt.u64.u32 {{d}}, {warp}")
+        slot_bytes = self.const(GROUP_SLOT_BYTES, dtypes.int64)
+        slot = self.op("b64", f"mad.lo.s64 {{d}}, {warp64}, {slot_bytes}, {base}")
+        in_warp = self.op("b32", f"and.b32 {{d}}, {self.lane}, {lane_bits}")
+        first = self.op("pred", f"setp.eq.u32 {{d}}, {in_warp}, {self.const(0, dtypes.uint32)}")
+        self.ins(f"@{first} st.shared.{t} [{slot}], {reg}")
         self.ins("bar.sync 0")
-        half = group // 2
-        while half >= 1:
-            skip = self.label("group_skip")
-            idle = self.op("pred", f"setp.ge.u32 {{d}}, {self.lane}, {self.const(half, dtypes.uint32)}")
-            self.ins(f"@{idle} bra {skip}")
-            other = self.reg(reg_class(dt))
-            self.ins(f"ld.shared.{t} {other}, [{mine}+{half * GROUP_SLOT_BYTES}]")
-            merged = self.alu(rop, dt, (acc, acc), [reg, other])
-            self.ins(f"mov.{t} {reg}, {merged}")
-            self.ins(f"st.shared.{t} [{mine}], {reg}")
-            self.put_label(skip)
-            self.ins("bar.sync 0")
-            half //= 2
         self.ins(f"ld.shared.{t} {reg}, [{base}]")
+        for k in range(1, group // WARP_SIZE):
+            other = self.reg(reg_class(dt))
+            self.ins(f"ld.shared.{t} {other}, [{base}+{k * GROUP_SLOT_BYTES}]")
+            self.ins(f"mov.{t} {reg}, {self.alu(rop, dt, (acc, acc), [reg, other])}")
         self.ins("bar.sync 0")
+
+    def shuffle_xor(self, value: str, cls: str, lane_mask: int) -> str:
+        """The register `value` of lane (this lane ^ lane_mask) of the warp; 64-bit values move as two
+        32-bit halves (shfl moves 32 bits)."""
+        def shfl(v: str, into: str) -> str:  # .b32 takes any 32-bit register, .f32 ones too
+            return self.op(into, f"shfl.sync.bfly.b32 {{d}}, {v}, {lane_mask}, {SHFL_WHOLE_WARP}, "
+                                 f"{SHFL_ALL_LANES}")
+        if cls in ("b32", "f32"):
+            return shfl(value, cls)
+        lo, hi = self.reg("b32"), self.reg("b32")
+        self.ins(f"mov.b64 {{{lo}, {hi}}}, {value}")
+        out = self.reg(cls)
+        self.ins(f"mov.b64 {out}, {{{shfl(lo, 'b32')}, {shfl(hi, 'b32')}}}")
+        return out
 
     # ------------------------------------------------------------------ memory
     def address(self, index: UOp) -> str:

@@ -5,7 +5,8 @@ lane per thread. Control flow is per lane: every lane has its own program counte
 instruction at the lowest pc among live lanes, for the lanes at that pc (masked by the guard predicate).
 That is exact for divergent branches and loops with different trip counts, and reconverges as soon as the
 lanes' pcs meet again. `bar.sync` requires every live (not exited) thread of the block at the same
-barrier, else PTXError (hardware would hang or be undefined). A launch that runs more than `max_steps`
+barrier, else PTXError (hardware would hang or be undefined). `shfl.sync.bfly` likewise needs every lane of
+the warp at the instruction, with the full membermask. A launch that runs more than `max_steps`
 steps (one step = one instruction for the lanes at one pc) raises PTXError.
 
 Memory: `.global` goes through a `GlobalMemory` (the mock GPU's address space); `.shared` is one byte
@@ -215,6 +216,7 @@ class _State:
         self.memory = memory
         self.params = params
         nthreads = block[0] * block[1] * block[2]
+        self.nthreads = nthreads
         self.nlanes = nthreads * nblocks
         lane = np.arange(self.nlanes, dtype=np.int64)
         self.block_of_lane = lane // nthreads
@@ -995,6 +997,45 @@ def _c_bar(instr: Instr, entry: Entry) -> _Compiled:
     return _Compiled("bar", None, target=-1 if count is None else count)
 
 
+FULL_WARP_MASK = 0xFFFFFFFF  # shfl.sync membermask naming all 32 lanes
+BFLY_CLAMP = 0x1F  # shfl.sync.bfly's c operand for one segment spanning the whole warp
+
+
+def _c_shfl(instr: Instr, entry: Entry) -> _Compiled:
+    """shfl.sync.bfly.b32 d[|p], a, b, c, membermask: lane i reads a from lane i ^ b of its warp.
+
+    Only the whole-warp form is supported (c = 0x1f, membermask all ones, every lane of the warp
+    executing it, blocks of whole warps): anything else raises, so a kernel relying on partial-warp
+    semantics the mock does not model fails here instead of computing something plausible."""
+    types, mods = _split_mods(instr, {"sync", "bfly"})
+    t = _one_type(types, instr)
+    if mods != {"sync", "bfly"} or t.kind != "b" or t.bits != 32:
+        raise ValueError("only shfl.sync.bfly.b32 is supported")
+    d, a, b, c, mask = _need(instr, 5)
+    if c.kind != "imm" or _imm_value(c, t) != BFLY_CLAMP:
+        raise ValueError(f"shfl.sync.bfly needs c = {BFLY_CLAMP:#x} (one segment: the whole warp)")
+    if mask.kind != "imm" or _imm_value(mask, t) != FULL_WARP_MASK:
+        raise ValueError(f"shfl.sync needs membermask {FULL_WARP_MASK:#x} (the whole warp)")
+    pred_w = None
+    if d.kind == "pair":
+        d, p = d.parts
+        pred_w = _writer(p, _T("pred", 1), entry)
+    ra, rb, w = _reader(a, t, entry), _reader(b, t, entry), _writer(d, t, entry)
+
+    def shfl(st: _State, sel: Sel) -> None:
+        lanes = np.arange(st.nlanes) if isinstance(sel, slice) else np.asarray(sel)
+        if st.nthreads % WARP_SIZE:
+            raise _Fault(f"shfl.sync in a block of {st.nthreads} threads (the mock needs whole warps)")
+        if len(np.unique(lanes // WARP_SIZE)) * WARP_SIZE != lanes.size:
+            raise _Fault("shfl.sync reached by only part of a warp (the membermask names all 32 lanes)")
+        in_warp = lanes % WARP_SIZE
+        source = lanes - in_warp + (in_warp ^ (np.asarray(rb(st, sel)) & (WARP_SIZE - 1)))
+        w(st, sel, np.asarray(ra(st, slice(None)))[source])
+        if pred_w is not None:
+            pred_w(st, sel, np.ones(lanes.size, np.bool_))
+    return _Compiled("op", shfl)
+
+
 def _c_nop(instr: Instr, entry: Entry) -> _Compiled:
     return _Compiled("op", lambda st, sel: None)
 
@@ -1002,7 +1043,7 @@ def _c_nop(instr: Instr, entry: Entry) -> _Compiled:
 _COMPILERS: dict[str, Callable[[Instr, Entry], _Compiled]] = {
     "mov": _c_mov, "ld": _c_ld_st, "ldu": _c_ld_st, "st": _c_ld_st, "cvta": _c_cvta, "cvt": _c_cvt,
     "setp": _c_setp, "selp": _c_selp, "bra": _c_bra, "ret": _c_exit, "exit": _c_exit,
-    "bar": _c_bar, "barrier": _c_bar, "membar": _c_nop, "fence": _c_nop,
+    "bar": _c_bar, "barrier": _c_bar, "membar": _c_nop, "fence": _c_nop, "shfl": _c_shfl,
     **{name: _c_arith for name in ("add", "sub", "mul", "mad", "fma", "div", "rem", "min", "max", "and", "or",
                                    "xor", "not", "cnot", "shl", "shr", "neg", "abs", "popc", "clz",
                                    *_UNARY_FLOAT)},
