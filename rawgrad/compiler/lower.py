@@ -253,15 +253,18 @@ class _Lowerer:
         size = self.full_shape[axis]
         if not isinstance(size, int) or size % group != 0:
             return 1
-        if any(n.op is Ops.GATHER for n in self.value.toposort()):
-            return 1
-        for ld in loads:
-            st = ld.src[1].arg
+        # Any reduce is correct split this way; whether it is faster depends on how the inputs are read.
+        # A known stride > 1 (or symbolic) along the axis means one thread per output reads coalesced
+        # instead (neighbouring outputs are neighbouring elements); a stride the view cannot state
+        # (None: a reshape of a permuted view, e.g. attention heads merged back) reads runs, kept grouped.
+        reads = loads + [n for n in self.value.toposort() if n.op is Ops.GATHER]
+        for node in reads:
+            st = node.src[1].arg
             if tuple(st.shape) != tuple(self.full_shape):
                 continue  # read at the output index: the same element for every lane
             stride = st.real_strides()[axis]
-            if not (isinstance(stride, int) and stride in (0, 1)):
-                return 1  # strided along the reduce: one thread per output reads it coalesced instead
+            if stride is not None and not (isinstance(stride, int) and stride in (0, 1)):
+                return 1
         return group
 
     def _vector_axis(self, out_axes: list[int]) -> int | None:

@@ -662,6 +662,9 @@ def test_group_reductions_for_every_reduce_op_and_shape():
     w = RNG.standard_normal((40, 256)).astype(np.float32)
     v = RNG.standard_normal((2, 256)).astype(np.float32)
     ints = RNG.integers(-1000, 1000, (5, 384)).astype(np.int32)
+    table = RNG.standard_normal((11, 256)).astype(np.float32)
+    idx = np.array([0, 10, 3, 7], np.int32)
+    heads = RNG.standard_normal((4, 3, 64)).astype(np.float32)
     t = Tensor(x)
     cases = {  # tensor, reference, tolerance
         "max": (t.max(2), x.max(2), 0),
@@ -674,6 +677,11 @@ def test_group_reductions_for_every_reduce_op_and_shape():
         # 64-bit accumulators cross lanes as two 32-bit shuffles
         "float64 sum": (Tensor(x.astype(np.float64)).sum(2), x.astype(np.float64).sum(2), 1e-12),
         "int64 max": (Tensor(ints.astype(np.int64) << 20).max(1), (ints.astype(np.int64) << 20).max(1), 0),
+        # an embedding lookup fused into the reduce (GPT-2's first layer norm)
+        "sum of gathered rows": (Tensor(idx).embedding(Tensor(table)).sum(1), table[idx].sum(1), 1e-4),
+        # heads merged back (a reshape of a permuted view: no single stride along the reduce) times weights
+        "merged heads @ weights": (Tensor(heads).permute(1, 0, 2).reshape(3, 256) @ Tensor(w).T,
+                                   heads.transpose(1, 0, 2).reshape(3, 256) @ w.T, 1e-4),
     }
     for name, (tensor, ref, tol) in cases.items():
         prog, _ = _gpu_kernel(tensor)
