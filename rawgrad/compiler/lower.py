@@ -22,14 +22,15 @@ the proof on the index is all the alignment a vector access needs. Groups that c
 loads, reshapes that split the axis, broadcasts) stay scalar; if the stores cannot be proven the kernel
 is lowered again without the upcast. NOOPT=1 turns this off (one output per thread, scalar access).
 
-Group reductions (GPU target): a reduce whose innermost reduce axis divides by `GPU_REDUCE_GROUP` and which
-every input reads contiguously along that axis (a row sum, a matrix-vector product with weights stored
-(out, in), attention scores) gives each output a group of `GPU_REDUCE_GROUP` threads, one thread block.
-Global index g is then output g // group and lane g % group; lane l adds elements l, l + group, ... so
-neighbouring threads read neighbouring elements (one coalesced line per warp instead of one line per
-thread), and GROUP_COMBINE merges the lanes' accumulators (warp shuffles, then the warps' results
-through shared memory). With one thread per output the GPU would run
-a single thread for a full sum and a few hundred for a decode step's matrix-vector products.
+Group reductions (GPU target): a reduce whose innermost reduce axis divides by a warp (32) gives each output
+a group of threads: one warp, or a whole 128-thread block when the axis is long (`GPU_BLOCK_GROUP_MIN_REDUCE`
+elements or more, so each lane still has several to add). Global index g is then output g // group and lane
+g % group; lane l adds elements l, l + group, ... so neighbouring threads read neighbouring elements (one
+coalesced line per warp instead of one line per thread), and GROUP_COMBINE merges the lanes' accumulators
+(warp shuffles; for a block, then the warps' results through shared memory). With one thread per output the
+GPU would run a single thread for a full sum and a few hundred for a decode step's matrix-vector products.
+Inputs read with a known stride > 1 along the reduce axis keep one thread per output: there neighbouring
+outputs are the neighbouring elements, so that is the coalesced order.
 """
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ _IDX = dtypes.index
 # Lanes of one GPU vector access: 4 x 32-bit = 16 bytes, the widest global ld/st on sm_80 and sm_90.
 GPU_VECTOR_LANES = 4
 GPU_VECTOR_ELEMENT_BYTES = 4
-# Threads that share one reduce output: one thread block of the PTX renderer (THREADS_PER_BLOCK).
-GPU_REDUCE_GROUP = 128
+# Threads that share one reduce output: a warp, or one thread block of the PTX renderer (THREADS_PER_BLOCK)
+# for reduce axes of at least GPU_BLOCK_GROUP_MIN_REDUCE elements (16 per lane of the block).
+GPU_WARP_GROUP = 32
+GPU_BLOCK_GROUP = 128
+GPU_BLOCK_GROUP_MIN_REDUCE = 2048
 
 
 @dataclass
@@ -91,7 +95,7 @@ def _sint(v: Any) -> UOp:
 
 class _Lowerer:
     def __init__(self, ast: UOp, name: str, target: str = "cpu", vector_lanes: int = 1,
-                 reduce_group: int = 1):
+                 group_reduce: bool = False):
         if not (ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE):
             raise ValueError("a kernel must be a SINK of exactly one STORE")
         self.ast = ast
@@ -119,7 +123,7 @@ class _Lowerer:
         self.statements: list[UOp] = []
         self.loop_count = 0
         self.vector_lanes = vector_lanes
-        self.reduce_group = reduce_group
+        self.group_reduce = group_reduce
 
     def _range(self, start: UOp, end: UOp, kind: str) -> UOp:
         r = UOp(Ops.RANGE, _IDX, (start, end), (self.loop_count, kind))
@@ -242,17 +246,17 @@ class _Lowerer:
         return prog
 
     def _reduce_group_size(self, loads: list[UOp]) -> int:
-        """`self.reduce_group` if this reduce can be split across a thread group (see the module
-        docstring), else 1."""
-        group = self.reduce_group
-        if group == 1 or self.reduce is None or not self.reduce_axes:
+        """Threads per output for a group reduction (see the module docstring); 1 for none."""
+        if not self.group_reduce or self.reduce is None or not self.reduce_axes:
             return 1
         if self.reduce.dtype is None or self.reduce.dtype.is_bool:
             return 1
         axis = self.reduce_axes[-1]
         size = self.full_shape[axis]
-        if not isinstance(size, int) or size % group != 0:
+        if not isinstance(size, int) or size % GPU_WARP_GROUP != 0:
             return 1
+        long_axis = size >= GPU_BLOCK_GROUP_MIN_REDUCE and size % GPU_BLOCK_GROUP == 0
+        group = GPU_BLOCK_GROUP if long_axis else GPU_WARP_GROUP
         # Any reduce is correct split this way; whether it is faster depends on how the inputs are read.
         # A known stride > 1 (or symbolic) along the axis means one thread per output reads coalesced
         # instead (neighbouring outputs are neighbouring elements); a stride the view cannot state
@@ -372,8 +376,7 @@ def lower(ast: UOp, name: str = "kernel", target: str = "cpu") -> LinearProgram:
     output axis in the global range: one thread per output element, or per `GPU_VECTOR_LANES` outputs
     when they can be stored as one vector); see opt.choose_opts."""
     if target == "gpu" and not config.NOOPT():
-        prog = _Lowerer(ast, name, target, vector_lanes=GPU_VECTOR_LANES,
-                        reduce_group=GPU_REDUCE_GROUP).lower()
+        prog = _Lowerer(ast, name, target, vector_lanes=GPU_VECTOR_LANES, group_reduce=True).lower()
         if prog.vector_groups or not prog.opts.upcast:
             return prog  # vectorized (stores proven), or no axis was eligible: nothing to undo
         # the upcast output stores could not be proven consecutive and aligned: one output per thread

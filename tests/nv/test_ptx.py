@@ -15,7 +15,14 @@ import pytest
 
 from rawgrad import Tensor, Variable
 from rawgrad.compiler.ir import Ops, UOp
-from rawgrad.compiler.renderer.ptx import THREADS_PER_BLOCK, PTXRenderer, launch_dims, param_layout, reg_class
+from rawgrad.compiler.renderer.ptx import (
+    THREADS_PER_BLOCK,
+    WARP_SIZE,
+    PTXRenderer,
+    launch_dims,
+    param_layout,
+    reg_class,
+)
 from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.drivers.nv.mock.ptx_interp import MemoryFault, NumpyMemory, PTXError, PTXModule
 from rawgrad.dtype import DType, bf16_bits_to_f32, dtypes, f32_to_bf16_bits
@@ -643,18 +650,21 @@ def test_vector_access_with_a_symbolic_leading_axis_and_int32():
     np.testing.assert_array_equal(ptx1(t), x[:3] * 3)
 
 
-def test_row_reductions_split_each_output_across_a_thread_block():
-    x = RNG.standard_normal((6, 512)).astype(np.float32)
+def test_row_reductions_split_each_output_across_a_warp_or_a_block():
     bias = RNG.standard_normal(6).astype(np.float32)
-    t = Tensor(x).sum(1) + Tensor(bias)  # the bias is read after the combine: only lane 0 stores
-    prog, text = _gpu_kernel(t)
-    assert prog.group_size == THREADS_PER_BLOCK and prog.global_size == 6 * THREADS_PER_BLOCK
-    assert sum(st.op is Ops.GROUP_COMBINE for st in prog.statements) == 1
-    # five butterfly shuffles inside each warp, then the 4 warps' results through shared memory
-    assert ".shared .align 8 .b8 k_group[32]" in text and text.count("bar.sync 0") == 2
-    assert text.count("shfl.sync.bfly.b32") == 5
-    assert re.search(r"@%p\d+ st\.global\.f32", text)  # the store is gated on lane 0
-    np.testing.assert_allclose(ptx1(t), x.sum(1) + bias, rtol=1e-5, atol=1e-5)
+    for cols, group in ((512, WARP_SIZE), (4096, THREADS_PER_BLOCK)):  # long rows get the whole block
+        x = RNG.standard_normal((6, cols)).astype(np.float32)
+        t = Tensor(x).sum(1) + Tensor(bias)  # the bias is read after the combine: one lane stores
+        prog, text = _gpu_kernel(t)
+        assert prog.group_size == group and prog.global_size == 6 * group
+        assert sum(st.op is Ops.GROUP_COMBINE for st in prog.statements) == 1
+        assert text.count("shfl.sync.bfly.b32") == 5  # butterfly inside each warp
+        if group == WARP_SIZE:
+            assert "bar.sync" not in text and ".shared" not in text
+        else:  # then the 4 warps' results through shared memory
+            assert ".shared .align 8 .b8 k_group[32]" in text and text.count("bar.sync 0") == 2
+        assert re.search(r"@%p\d+ st\.global\.f32", text)  # the store is gated on lane 0 of the group
+        np.testing.assert_allclose(ptx1(t), x.sum(1) + bias, rtol=1e-5, atol=1e-4)
 
 
 def test_group_reductions_for_every_reduce_op_and_shape():
@@ -665,6 +675,8 @@ def test_group_reductions_for_every_reduce_op_and_shape():
     table = RNG.standard_normal((11, 256)).astype(np.float32)
     idx = np.array([0, 10, 3, 7], np.int32)
     heads = RNG.standard_normal((4, 3, 64)).astype(np.float32)
+    long_rows = RNG.standard_normal((3, 2048))
+    long_rows32 = long_rows.astype(np.float32)
     t = Tensor(x)
     cases = {  # tensor, reference, tolerance
         "max": (t.max(2), x.max(2), 0),
@@ -682,10 +694,13 @@ def test_group_reductions_for_every_reduce_op_and_shape():
         # heads merged back (a reshape of a permuted view: no single stride along the reduce) times weights
         "merged heads @ weights": (Tensor(heads).permute(1, 0, 2).reshape(3, 256) @ Tensor(w).T,
                                    heads.transpose(1, 0, 2).reshape(3, 256) @ w.T, 1e-4),
+        # long rows: block groups, 64-bit accumulators through shared memory too
+        "float64 sum of long rows": (Tensor(long_rows).sum(1), long_rows.sum(1), 1e-12),
+        "max of long rows": (Tensor(long_rows32).max(1), long_rows32.max(1), 0),
     }
     for name, (tensor, ref, tol) in cases.items():
         prog, _ = _gpu_kernel(tensor)
-        assert prog.group_size == THREADS_PER_BLOCK, name
+        assert prog.group_size == (THREADS_PER_BLOCK if "long rows" in name else WARP_SIZE), name
         np.testing.assert_allclose(ptx1(tensor), ref, rtol=tol, atol=tol, err_msg=name)
 
 
@@ -709,7 +724,7 @@ def test_group_reduction_with_a_symbolic_output_axis(monkeypatch):
     x = RNG.standard_normal((8, 256)).astype(np.float32)
     t = Tensor(x).shrink(((0, rows.bind(5)), None)).sum(1)
     prog, _ = _gpu_kernel(t)
-    assert prog.group_size == THREADS_PER_BLOCK and isinstance(prog.global_size, UOp)
+    assert prog.group_size == WARP_SIZE and isinstance(prog.global_size, UOp)
     np.testing.assert_allclose(ptx1(t), x[:5].sum(1), rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("NOOPT", "1")
     assert _gpu_kernel(Tensor(x).sum(1))[0].group_size == 1

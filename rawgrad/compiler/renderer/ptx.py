@@ -181,9 +181,9 @@ class _Emitter:
         self.vector_group_of = {u: group for group in prog.vector_groups for u in group}
         # group reductions (lower.py): the thread's lane in its block, and the predicate "lane == 0" that
         # gates stores (every lane holds the combined result; one of them writes it)
-        if prog.group_size not in (1, THREADS_PER_BLOCK):
+        if prog.group_size not in (1, WARP_SIZE, THREADS_PER_BLOCK):
             raise ValueError(f"{prog.name}: a thread group of {prog.group_size} threads; the PTX renderer "
-                             f"runs groups of one block ({THREADS_PER_BLOCK} threads)")
+                             f"runs groups of one warp ({WARP_SIZE}) or one block ({THREADS_PER_BLOCK})")
         self.lane = ""
         self.store_gate: str | None = None
 
@@ -272,7 +272,7 @@ class _Emitter:
         self.ins("ret")
         decls = [f"\t.reg {_CLASSES[c][0]} {_CLASSES[c][1]}<{n}>;" for c, n in self.counts.items() if n]
         body = self.body[:prologue_end] + self.consts + self.body[prologue_end:]
-        if p.group_size > 1:
+        if p.group_size > WARP_SIZE:
             decls.append(f"\t.shared .align {GROUP_SLOT_BYTES} .b8 {self.group_buffer}"
                          f"[{p.group_size // WARP_SIZE * GROUP_SLOT_BYTES}];")
         head = [f".version {PTX_VERSION}", f".target {self.arch}", f".address_size {ADDRESS_SIZE}", "",
@@ -352,16 +352,21 @@ class _Emitter:
         self.scopes[0][st] = gidx
         self.level_of[st] = 0
         self.lane = lane
-        if self.prog.group_size > 1:
-            # a group is one whole block and the global size a multiple of it, so no thread of a group
-            # left at the guard above: every one reaches the group's barriers
-            self.store_gate = self.op("pred", f"setp.eq.u32 {{d}}, {lane}, {self.const(0, dtypes.uint32)}")
+        group = self.prog.group_size
+        if group > 1:
+            # groups are whole warps or the whole block, and the global size is a multiple of the group:
+            # the guard above sends whole groups to the exit, so every lane of a live group reaches its
+            # shuffles and barriers. Lane 0 of the group stores.
+            in_group = self.op("b32", f"and.b32 {{d}}, {lane}, {self.const(group - 1, dtypes.uint32)}")
+            zero = self.const(0, dtypes.uint32)
+            self.store_gate = self.op("pred", f"setp.eq.u32 {{d}}, {in_group}, {zero}")
 
     def group_combine(self, st: UOp) -> None:
-        """Combine one accumulator across the block: five butterfly shuffles leave every lane holding its
-        warp's result; lane 0 of each warp puts that in the shared slot of its warp, and after a barrier
-        every lane combines the slots in order, so all lanes hold the same bits. The closing barrier keeps
-        the slots intact until every lane has read them (a second accumulator reuses them)."""
+        """Combine one accumulator across the group: five butterfly shuffles leave every lane holding its
+        warp's result (a warp group is done). For a block group, lane 0 of each warp then puts that in the
+        shared slot of its warp, and after a barrier every lane combines the slots in order, so all lanes
+        hold the same bits. The closing barrier keeps the slots intact until every lane has read them (a
+        second accumulator reuses them)."""
         acc = st.src[0]
         rop, group = st.arg
         dt = acc.dt
@@ -373,6 +378,8 @@ class _Emitter:
             other = self.shuffle_xor(reg, reg_class(dt), offset)
             self.ins(f"mov.{t} {reg}, {self.alu(rop, dt, (acc, acc), [reg, other])}")
             offset //= 2
+        if group == WARP_SIZE:
+            return
         base = self.op("b64", f"mov.u64 {{d}}, {self.group_buffer}")
         warp = self.op("b32", f"shr.u32 {{d}}, {self.lane}, {WARP_SIZE.bit_length() - 1}")
         warp64 = self.op("b64", f"cvt.u64.u32 {{d}}, {warp}")
