@@ -14,7 +14,10 @@ Variable parameters. Launch with `launch_dims(global_size)` (blocks of `THREADS_
 Lowering is `lower(..., target="gpu")`: no register tiles, every output axis in the global index. An
 elementwise kernel with 32-bit output may give each thread 4 neighbouring outputs (`vector_groups` of the
 linear program): those stores, and the loads proven consecutive and 16-byte aligned, become one
-`ld`/`st.global.v4` each, so a memory-bound kernel issues a quarter of the memory instructions.
+`ld`/`st.global.v4` each, so a memory-bound kernel issues a quarter of the memory instructions. A group
+reduction (`group_size` 32 or 128) runs a warp or the whole block per output: the lanes' accumulators meet
+through `shfl.sync.bfly` (and, for a block, one shared-memory slot per warp between two `bar.sync`), and
+lane 0 of the group stores.
 
 Registers: bool is a predicate (`.pred`) and a byte (0/1) in memory; integers of up to 32 bits live in
 `.b32` registers, sign- or zero-extended from their width after every operation that can wrap
