@@ -445,7 +445,7 @@ SHUFFLE = """
   mov.u32 %r4, %ntid.x;
   mad.lo.u32 %r5, %r3, %r4, %r2;
   cvt.rn.f32.u32 %f1, %r5;
-  // divergent before the shuffle: odd threads take a detour, the warp meets again at JOIN
+  // odd threads take a branch (to the next line), even ones fall through: the warp meets at JOIN
   and.b32 %r3, %r5, 1;
   setp.eq.u32 %p1, %r3, 1;
   @%p1 bra JOIN;
