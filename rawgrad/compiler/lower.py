@@ -144,7 +144,7 @@ class _Lowerer:
         extent = [self.full_shape[i] // opts.upcast[i] if i in opts.upcast else self.full_shape[i]
                   for i in range(n)]
         ordered = opts.loop_order if opts.loop_order is not None else out_axes
-        loop_axes = [i for i in ordered if not (isinstance(extent[i], int) and extent[i] == 1)]
+        loop_axes = [i for i in ordered if not _is_one(extent[i])]
         global_axes = loop_axes[:opts.global_axes]
         inner_axes = loop_axes[opts.global_axes:]
         group = self._reduce_group_size(loads)
@@ -374,7 +374,8 @@ def lower(ast: UOp, name: str = "kernel", target: str = "cpu") -> LinearProgram:
 
     `target` is "cpu" (register tiles, a global range split across cores) or "gpu" (no tiles, every
     output axis in the global range: one thread per output element, or per `GPU_VECTOR_LANES` outputs
-    when they can be stored as one vector); see opt.choose_opts."""
+    when they can be stored as one vector, or a warp or block per output of a group reduction); see
+    opt.choose_opts."""
     if target == "gpu" and not config.NOOPT():
         prog = _Lowerer(ast, name, target, vector_lanes=GPU_VECTOR_LANES, group_reduce=True).lower()
         if prog.vector_groups or not prog.opts.upcast:

@@ -375,7 +375,6 @@ class _Emitter:
         dt = acc.dt
         reg = self.acc_regs[acc]
         t = op_type(dt)
-        lane_bits = self.const(WARP_SIZE - 1, dtypes.uint32)
         offset = WARP_SIZE // 2
         while offset >= 1:
             other = self.shuffle_xor(reg, reg_class(dt), offset)
@@ -388,7 +387,7 @@ class _Emitter:
         warp64 = self.op("b64", f"cvt.u64.u32 {{d}}, {warp}")
         slot_bytes = self.const(GROUP_SLOT_BYTES, dtypes.int64)
         slot = self.op("b64", f"mad.lo.s64 {{d}}, {warp64}, {slot_bytes}, {base}")
-        in_warp = self.op("b32", f"and.b32 {{d}}, {self.lane}, {lane_bits}")
+        in_warp = self.op("b32", f"and.b32 {{d}}, {self.lane}, {self.const(WARP_SIZE - 1, dtypes.uint32)}")
         first = self.op("pred", f"setp.eq.u32 {{d}}, {in_warp}, {self.const(0, dtypes.uint32)}")
         self.ins(f"@{first} st.shared.{t} [{slot}], {reg}")
         self.ins("bar.sync 0")

@@ -1023,11 +1023,14 @@ def _c_shfl(instr: Instr, entry: Entry) -> _Compiled:
     ra, rb, w = _reader(a, t, entry), _reader(b, t, entry), _writer(d, t, entry)
 
     def shfl(st: _State, sel: Sel) -> None:
-        lanes = np.arange(st.nlanes) if isinstance(sel, slice) else np.asarray(sel)
         if st.nthreads % WARP_SIZE:
             raise _Fault(f"shfl.sync in a block of {st.nthreads} threads (the mock needs whole warps)")
-        if len(np.unique(lanes // WARP_SIZE)) * WARP_SIZE != lanes.size:
-            raise _Fault("shfl.sync reached by only part of a warp (the membermask names all 32 lanes)")
+        if isinstance(sel, slice):  # every lane of the batch is here: whole warps by construction
+            lanes = np.arange(st.nlanes)
+        else:
+            lanes = np.asarray(sel)
+            if len(np.unique(lanes // WARP_SIZE)) * WARP_SIZE != lanes.size:
+                raise _Fault("shfl.sync reached by only part of a warp (the membermask names all 32 lanes)")
         in_warp = lanes % WARP_SIZE
         source = lanes - in_warp + (in_warp ^ (np.asarray(rb(st, sel)) & (WARP_SIZE - 1)))
         w(st, sel, np.asarray(ra(st, slice(None)))[source])
