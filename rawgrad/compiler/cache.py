@@ -1,24 +1,55 @@
 """A folder of compiled artefacts keyed by content hash, shared by the LLVM and NV compilers.
 
-Each entry is the sha256 digest of the payload followed by the payload, written to a temporary file and
-renamed into place: a reader sees the old entry or the whole new one, and a torn or corrupt file is
-detected (and reported as a miss) instead of being handed to a loader.
+Each entry is the sha256 digest of the payload followed by the payload, written with
+`rawgrad.fileio.atomic_write` (an exclusively created temporary file, fsynced, renamed into place): a
+reader sees the old entry or the whole new one, and a torn or corrupt file is detected (and reported as a
+miss) instead of being handed to a loader.
+
+Trust: an entry is machine code this process will run, and its embedded hash only proves it is intact,
+not who wrote it. So, as ssh does for its keys, the cache folder and every entry must be owned by the
+current user and not writable by group or others, and an entry must be a regular file (not a symlink, a
+FIFO, ...). Anything else is skipped with a one-time `UntrustedCacheWarning` naming the path and the
+reason, and the artefact is compiled again (an untrusted folder is not written to either). The folder is
+created with mode 0700.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
+import warnings
 from collections.abc import Callable
 
-__all__ = ["CACHE_DIR_ENV", "CompileCache", "DiskCache", "cache_folder", "content_key"]
+from rawgrad.fileio import UnsafeFileError, atomic_write, open_regular_readonly, read_exactly, trust_problem
+
+__all__ = ["CACHE_DIR_ENV", "CompileCache", "DiskCache", "UntrustedCacheWarning", "cache_folder",
+           "content_key"]
 
 # Environment variable naming the cache root; an empty value disables the disk cache.
 CACHE_DIR_ENV = "RAWGRAD_CACHE_DIR"
 DEFAULT_CACHE_ROOT = os.path.join("~", ".cache", "rawgrad")
 _DIGEST_SIZE = hashlib.sha256().digest_size
+# An entry larger than this is not read (no compiled kernel comes near it): a corrupt or hostile file.
+MAX_ENTRY_BYTES = 1 << 30
+
+
+class UntrustedCacheWarning(UserWarning):
+    """A cache folder or entry that is skipped: not owned by the current user, writable by others, or not
+    a regular file. Given once per path and reason."""
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_untrusted(path: str, reason: str) -> None:
+    with _warned_lock:
+        if (path, reason) in _warned:
+            return
+        _warned.add((path, reason))
+    warnings.warn(f"rawgrad compile cache: not using {path}: {reason}; compiling again instead (fix the "
+                  f"ownership/permissions or remove it)", UntrustedCacheWarning, stacklevel=3)
 
 
 def cache_folder(kind: str, explicit: str | None = None) -> str | None:
@@ -48,19 +79,55 @@ class DiskCache:
         self.folder = folder
         self.suffix = suffix
         self.corrupt_entries = 0  # entries found torn or corrupt (then recompiled)
+        self.untrusted_entries = 0  # entries (or lookups in an untrusted folder) skipped by the trust rule
 
     def path(self, key: str) -> str | None:
         return os.path.join(self.folder, key + self.suffix) if self.folder else None
 
+    def _folder_trusted(self, create: bool) -> bool:
+        """Whether the folder may be read from and written to (creating it, mode 0700, if asked)."""
+        assert self.folder is not None
+        try:
+            if create:
+                os.makedirs(self.folder, mode=0o700, exist_ok=True)
+            st = os.stat(self.folder)
+        except OSError:
+            return False  # missing (a miss) or unusable (an unwritable cache only costs a recompile)
+        problem = trust_problem(st, "cache folder")
+        if problem is not None:
+            _warn_untrusted(self.folder, problem)
+            return False
+        return True
+
     def get(self, key: str) -> bytes | None:
         path = self.path(key)
-        if path is None:
+        if path is None or not self._folder_trusted(create=False):
             return None
         try:
-            with open(path, "rb") as f:
-                blob = f.read()
+            fd = open_regular_readonly(path)
+        except FileNotFoundError:
+            return None
+        except UnsafeFileError as e:  # a symlink, a FIFO, a directory, ...
+            self.untrusted_entries += 1
+            _warn_untrusted(path, e.strerror or str(e))
+            return None
+        except OSError:
+            return None  # unreadable: a miss
+        try:
+            st = os.fstat(fd)
+            problem = trust_problem(st, "cache entry")
+            if problem is not None:
+                self.untrusted_entries += 1
+                _warn_untrusted(path, problem)
+                return None
+            if st.st_size > MAX_ENTRY_BYTES:
+                self.corrupt_entries += 1
+                return None
+            blob = read_exactly(fd, 0, st.st_size)
         except OSError:
             return None
+        finally:
+            os.close(fd)
         digest, payload = blob[:_DIGEST_SIZE], blob[_DIGEST_SIZE:]
         if len(blob) <= _DIGEST_SIZE or hashlib.sha256(payload).digest() != digest:
             self.corrupt_entries += 1
@@ -69,25 +136,12 @@ class DiskCache:
 
     def put(self, key: str, payload: bytes) -> None:
         path = self.path(key)
-        if path is None:
+        if path is None or not self._folder_trusted(create=True):
             return
-        assert self.folder is not None
-        tmp = None
         try:
-            os.makedirs(self.folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.folder)
-            with os.fdopen(fd, "wb") as f:
-                f.write(hashlib.sha256(payload).digest() + payload)
-            os.replace(tmp, path)  # atomic on POSIX
-            tmp = None
+            atomic_write(path, hashlib.sha256(payload).digest() + payload)  # mode 0600
         except OSError:
             pass  # an unwritable cache only costs a recompile next time
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
 
 # Where CompileCache.get found an entry: the process's memory, the disk cache, or neither (built now).

@@ -1,28 +1,46 @@
-"""The safetensors file format: read (memory-mapped, validated) and write.
+"""The safetensors file format: read (validated, copied into our own memory) and write.
 
 Layout of a file: an 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the data
 section. The JSON maps each tensor name to `{"dtype", "shape", "data_offsets": [begin, end]}` with
 offsets relative to the data section; the optional `"__metadata__"` entry maps strings to strings.
 Tensors are little-endian and C-contiguous.
 
-Loading maps the file read-only and hands numpy views of the mapping straight to the device
-allocator, so a weight goes from the page cache to device memory in one copy. Everything in the
-header is checked before any data is touched: a file that lies about its sizes raises
-`SafetensorsError` and nothing is read outside the file.
+Everything in the header is checked before any data is touched: the header length is bounded
+(`MAX_HEADER_BYTES`), it must be a JSON object, every dtype must be in the allow-list `DTYPE_BY_CODE`,
+shapes are lists of non-negative ints (not bools) of at most `MAX_RANK` dimensions, data offsets lie
+within the file, the byte length of each tensor is exactly its element count times the item size, and no
+two tensors overlap. A file that lies raises `SafetensorsError` (a ValueError) naming the file and the
+problem; nothing is read outside the file. The path is opened with O_NONBLOCK and must be a regular file
+(a FIFO or a device is refused, so a load never hangs on one); a symlink to a regular file is followed,
+because model caches (the Hugging Face hub's snapshots) are made of them.
+
+Decision: no memory mapping. A mapped file that another process truncates turns every access to the
+lost pages into SIGBUS, which kills the process instead of raising; nothing can be checked "before the
+access" of a mapping because the truncation can happen between the check and the access, and advisory
+locks do not stop a writer that does not take them. So tensors are read with pread into arrays this
+process owns (`SafetensorsFile.raw` returns a fresh, writable array), and a file that shrank since it was
+opened is a `SafetensorsError` ("truncated while open") at the read that finds the bytes missing. The cost
+is one extra host copy per tensor (page cache -> our array -> device buffer) and holding one tensor at a
+time in host memory while loading; after `safe_load` returns nothing refers to the file any more, so
+truncating or replacing it cannot affect the tensors.
+
+Writing goes through `rawgrad.fileio.atomic_write`: an exclusively created temporary file in the
+destination folder, fsynced and renamed into place (a planted symlink is never followed).
 """
 from __future__ import annotations
 
 import json
-import mmap
+import math
 import os
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from rawgrad.dtype import DType, dtypes
+from rawgrad.fileio import UnsafeFileError, atomic_write, open_regular_readonly, read_exactly, read_into
 
 if TYPE_CHECKING:
     from rawgrad.tensor.tensor import Tensor
@@ -33,6 +51,8 @@ HEADER_LENGTH_BYTES = 8  # the u64 that precedes the JSON header
 # The reference implementation refuses headers above 100 MB; a larger one is a corrupt or hostile file.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 METADATA_KEY = "__metadata__"
+# More dimensions than this is a corrupt or hostile header (real tensors have a handful).
+MAX_RANK = 64
 # The data section starts at a multiple of this when we write (readers do not require it; it keeps
 # every tensor of a written file aligned for mapped access).
 WRITE_ALIGNMENT = 8
@@ -64,7 +84,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # Python ints: a huge shape cannot wrap around to a small count
 
 
 def _parse_header(raw: bytes, path: str, file_size: int) -> tuple[dict[str, TensorInfo], dict[str, str]]:
@@ -101,10 +121,12 @@ def _parse_header(raw: bytes, path: str, file_size: int) -> tuple[dict[str, Tens
             raise bad(f"tensor {name!r}: unknown dtype {code!r}")
         dt = DTYPE_BY_CODE[code]
         shape, offsets = entry["shape"], entry["data_offsets"]
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise bad(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}")
+        if (not isinstance(shape, list) or len(shape) > MAX_RANK
+                or not all(type(d) is int and d >= 0 for d in shape)):
+            raise bad(f"tensor {name!r}: shape must be a list of at most {MAX_RANK} non-negative ints, "
+                      f"got {shape!r:.200}")
         if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and o >= 0 for o in offsets)):
+                or not all(type(o) is int and o >= 0 for o in offsets)):
             raise bad(f"tensor {name!r}: data_offsets must be two non-negative ints, got {offsets!r}")
         begin, end = offsets
         if not begin <= end <= data_size:
@@ -123,22 +145,30 @@ def _parse_header(raw: bytes, path: str, file_size: int) -> tuple[dict[str, Tens
 
 
 class SafetensorsFile:
-    """An open, validated safetensors file; tensors are read lazily as numpy views of the mapping.
+    """An open, validated safetensors file; `raw(name)` reads one tensor into a fresh array.
 
-    Use as a context manager (or call `close`); views handed out must not outlive it.
+    Use as a context manager (or call `close`). Arrays handed out are the caller's own: they stay valid
+    after the file is closed, truncated or replaced.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(HEADER_LENGTH_BYTES)
+        try:
+            fd = open_regular_readonly(self.path, follow_symlinks=True)
+        except UnsafeFileError as e:
+            raise SafetensorsError(f"{self.path}: {e.strerror}") from None
+        self._fd: int | None = fd
+        try:
+            size = os.fstat(fd).st_size
+            head = read_exactly(fd, 0, HEADER_LENGTH_BYTES)
             if len(head) == HEADER_LENGTH_BYTES:  # read no more than the file holds or the limit allows;
                 # _parse_header judges whether what the length claims is all there
-                head += f.read(min(struct.unpack("<Q", head)[0], MAX_HEADER_BYTES, size))
+                head += read_exactly(fd, HEADER_LENGTH_BYTES,
+                                     min(struct.unpack("<Q", head)[0], MAX_HEADER_BYTES, size))
             self.tensors, self.metadata = _parse_header(head, self.path, size)
-            # an empty data section cannot be mapped (mmap of length 0 fails): nothing to read anyway
-            self._map: mmap.mmap | None = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> SafetensorsFile:
         return self
@@ -147,26 +177,30 @@ class SafetensorsFile:
         self.close()
 
     def close(self) -> None:
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive; the mapping goes when the view does
-                pass
-            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def keys(self) -> list[str]:
         return list(self.tensors)
 
     def raw(self, name: str) -> np.ndarray:
-        """Tensor `name` in rawgrad's host layout (bfloat16 as uint16 bits), a read-only view of the file."""
+        """Tensor `name` in rawgrad's host layout (bfloat16 as uint16 bits), read into a new array.
+
+        Raises SafetensorsError if the file no longer holds the tensor's bytes (truncated while open)."""
         info = self.tensors.get(name)
         if info is None:
             raise KeyError(f"{self.path}: no tensor named {name!r}")
-        if self._map is None:
+        if self._fd is None:
             raise ValueError(f"{self.path} is closed")
         host = info.dtype.np.newbyteorder("<")
-        flat = np.frombuffer(self._map, dtype=host, count=info.numel, offset=info.begin) if info.numel else \
-            np.empty(0, host)
+        flat = np.empty(info.numel, dtype=host)
+        view = memoryview(flat).cast("B")  # type: ignore[arg-type]
+        got = read_into(self._fd, info.begin, view) if flat.nbytes else 0
+        if got != flat.nbytes:
+            raise SafetensorsError(f"{self.path}: truncated while open: tensor {name!r} needs bytes "
+                                   f"[{info.begin}, {info.end}) but the file now ends at "
+                                   f"{info.begin + got}")
         return flat.reshape(info.shape)
 
 
@@ -189,9 +223,7 @@ def safe_load(path: str | os.PathLike[str], device: str | None = None,
         total = sum(i.end - i.begin for i in f.tensors.values())
         done = 0
         for name, info in f.tensors.items():
-            view = f.raw(name)
-            out[name] = _tensor_from_host_layout(view, info.dtype, device)
-            del view  # the mapping can only close once no view of it is alive
+            out[name] = _tensor_from_host_layout(f.raw(name), info.dtype, device)
             done += info.end - info.begin
             if progress is not None:
                 progress(done, total)
@@ -213,7 +245,9 @@ def _host_layout(t: Tensor) -> np.ndarray:
 
 def safe_save(tensors: Mapping[str, Tensor], path: str | os.PathLike[str],
               metadata: Mapping[str, str] | None = None) -> None:
-    """Write `tensors` to `path` in safetensors format (atomically: a temp file renamed into place)."""
+    """Write `tensors` to `path` in safetensors format, atomically (`rawgrad.fileio.atomic_write`: an
+    exclusively created temporary file, fsynced, renamed into place; a symlink at `path` is replaced, not
+    followed)."""
     from rawgrad.tensor.tensor import Tensor
     for name, t in tensors.items():
         if not isinstance(name, str) or name == METADATA_KEY:
@@ -239,15 +273,12 @@ def safe_save(tensors: Mapping[str, Tensor], path: str | os.PathLike[str],
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     # pad the header with spaces so the data section starts aligned (the format allows trailing spaces)
     text += b" " * (-(HEADER_LENGTH_BYTES + len(text)) % WRITE_ALIGNMENT)
-    dest = os.fspath(path)
-    tmp = f"{dest}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for arr in arrays.values():
-                f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    def write(f: BinaryIO) -> None:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for arr in arrays.values():
+            f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+
+    # 0666 less the umask: what open() gives a new file (safetensors are meant to be shared)
+    atomic_write(path, write, mode=0o666)
