@@ -23,6 +23,10 @@ def _counting_realize(*uops: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     realize_module.realize = _counting_realize  # counted, then handed on unchanged
+    import ci_policy  # tests/ is on sys.path (rootdir conftest); the CI checks live there
+    if ci_policy.counting_mock_kernels():
+        ci_policy.install_kernel_counter()
+    config.pluginmanager.register(ci_policy, "rawgrad_ci_policy")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

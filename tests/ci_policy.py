@@ -1,0 +1,107 @@
+"""What a test run must prove, beyond "nothing failed" (loaded by tests/conftest.py).
+
+Two checks a plain pytest run cannot make:
+
+- **Skips that must not happen here.** With ``RAWGRAD_ALLOWED_SKIPS=<file>`` (CI sets it to
+  ``.ci/allowed-skips``), every skipped test's reason must match one of the file's regular expressions
+  (one per line, ``#`` comments). Anything else skipped fails the session: a missing ptxas, tokenizer or
+  weights package would otherwise turn whole groups of tests into silent skips that still end green.
+- **Tests that claim a device but never used it.** Under ``DEV=NV NV_MOCK=1`` every kernel the mock GPU
+  executes is counted per test. The summary says how many tests launched at least one kernel.
+  ``RAWGRAD_WRITE_DEVICE_SLICE=<file>`` writes the node ids of the tests that did (``.ci/nv-slice`` is made
+  this way); ``RAWGRAD_REQUIRE_DEVICE_KERNELS=1`` fails the session when a test that passed launched none,
+  so the NV slice can never again count tests that ran nothing on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+_kernels = {"current": 0}
+_per_test: dict[str, int] = {}
+_passed: set[str] = set()
+_skips: list[tuple[str, str]] = []
+
+
+def counting_mock_kernels() -> bool:
+    on_nv = os.environ.get("DEV", "").upper().startswith("NV")
+    return on_nv and os.environ.get("NV_MOCK", "0") not in ("", "0")
+
+
+def install_kernel_counter() -> None:
+    """Count every kernel the mock GPU executes (the GPU's side: a kernel queued but never run is not
+    counted)."""
+    from rawgrad.drivers.nv.mock import gpu
+    original: Callable[..., Any] = gpu.MockGPU._run_kernel
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _kernels["current"] += 1
+        return original(self, *args, **kwargs)
+
+    gpu.MockGPU._run_kernel = counted  # type: ignore[method-assign]
+
+
+def allowed_skip_patterns() -> list[re.Pattern[str]] | None:
+    path = os.environ.get("RAWGRAD_ALLOWED_SKIPS")
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as f:
+        lines = [ln.strip() for ln in f]
+    return [re.compile(ln) for ln in lines if ln and not ln.startswith("#")]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    before = _kernels["current"]
+    yield
+    _per_test[item.nodeid] = _kernels["current"] - before
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skips.append((report.nodeid, reason))
+    if report.when == "call" and report.passed:
+        _passed.add(report.nodeid)
+
+
+def _problems() -> list[str]:
+    problems: list[str] = []
+    patterns = allowed_skip_patterns()
+    if patterns is not None:
+        for nodeid, reason in _skips:
+            if not any(p.search(reason) for p in patterns):
+                problems.append(f"skipped but required here: {nodeid}: {reason}")
+    if counting_mock_kernels() and os.environ.get("RAWGRAD_REQUIRE_DEVICE_KERNELS", "0") not in ("", "0"):
+        for nodeid in sorted(_passed):
+            if _per_test.get(nodeid, 0) == 0:
+                problems.append(f"launched no kernel on the device: {nodeid}")
+    return problems
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if counting_mock_kernels():
+        out = os.environ.get("RAWGRAD_WRITE_DEVICE_SLICE")
+        if out:
+            with open(out, "w", encoding="utf-8") as f:
+                f.writelines(f"{n}\n" for n in sorted(_passed) if _per_test.get(n, 0) > 0)
+    if _problems() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if counting_mock_kernels():
+        ran = [n for n in _per_test if n in _passed]
+        launched = sum(1 for n in ran if _per_test[n] > 0)
+        terminalreporter.write_line(f"rawgrad: {launched} of {len(ran)} passed tests launched at least one "
+                                    f"kernel on the mock NV GPU ({sum(_per_test.values())} kernels in all)")
+    problems = _problems()
+    for p in problems:
+        terminalreporter.write_line(f"rawgrad CI policy: {p}", red=True)
+    if problems:
+        terminalreporter.write_line(f"rawgrad CI policy: {len(problems)} problem(s); the run fails", red=True)
