@@ -1,9 +1,20 @@
 """`python -m rawgrad bench dispatch`: what one tiny kernel costs eagerly and inside a TinyJit replay.
 
 A chain of N dependent kernels (`x = x + 1` on 16 elements, each step realized so it is its own kernel)
-is run eagerly and as a replay; every number is per kernel. "host submit" is the time the replay call
-takes on the host (the device idle before it), "replay" includes waiting for the device to finish.
-numpy, torch and tinygrad are measured in the same run where importable.
+is run eagerly and as a replay; every number is per kernel. numpy, torch and tinygrad's TinyJit run the
+same chain in the same process where importable.
+
+Every column is timed by the same function (`time_per_kernel`) under the same protocol, so no side gets a
+sync or a readback the other does not:
+
+- ``async``: C calls back to back (each submits one N-kernel chain), then one sync; the block's wall time
+  divided by C * N. What a caller that does not look at the result in between pays.
+- ``sync``: every call is followed by a sync and a readback of its 16-float result into a numpy array;
+  the call's wall time divided by N. What a caller that needs each result pays.
+
+numpy and torch (CPU) run synchronously: their sync hook has nothing to wait for, but it is called the
+same number of times, and their readback copies the 16 floats like the others'. "host submit" is not a
+protocol column: it is the host time of one replay call with the device idle before it (rawgrad only).
 """
 from __future__ import annotations
 
@@ -12,6 +23,8 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,9 +33,18 @@ from rawgrad.bench import median_time
 
 CHAIN_LENGTHS = (1, 10, 100, 1000)
 ELEMENTS = 16
+PROTOCOLS: dict[str, str] = {
+    "async": "C calls back to back, then one sync; block time / (C*N)",
+    "sync": "each call followed by a sync + readback of its 16 floats to numpy; call time / N",
+}
 
 
 def _repeats(n: int) -> int:
+    return 3 if n >= 1000 else 5 if n >= 100 else 20
+
+
+def _calls_per_block(n: int) -> int:
+    """C of the async protocol: enough kernels per block that one sync is amortized."""
     return 3 if n >= 1000 else 5 if n >= 100 else 20
 
 
@@ -32,38 +54,75 @@ def _chain(x: Any, n: int) -> Any:
     return x
 
 
-def _numpy_per_op(n: int) -> float:
-    x = np.zeros(ELEMENTS, np.float32)
+@dataclass
+class Side:
+    """One timed column: `call` submits one N-kernel chain (it may return before the work is done),
+    `sync` waits for everything submitted so far, `readback` turns a call's result into a numpy array."""
 
-    def run() -> None:
-        y = x
-        for _ in range(n):
-            y = y + 1
-    return median_time(run, _repeats(n), warmup=0) / n
+    name: str
+    call: Callable[[], Any]
+    sync: Callable[[], None]
+    readback: Callable[[Any], np.ndarray]
+    note: str = ""
 
 
-def _torch_per_op(n: int) -> float | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    x = torch.zeros(ELEMENTS)
-
-    def run() -> None:
-        y = x
-        for _ in range(n):
-            y = y + 1
-    return median_time(run, _repeats(n), warmup=0) / n
+def time_per_kernel(side: Side, n: int, protocol: str, repeats: int, calls: int) -> float:
+    """Median seconds per kernel of `side` under `protocol` (see the module docstring). The same code
+    times every column, so the protocols are the same on every side by construction."""
+    if protocol == "async":
+        def block() -> None:
+            for _ in range(calls):
+                side.call()
+            side.sync()
+        side.sync()  # nothing of an earlier measurement still running
+        return median_time(block, repeats, warmup=0) / (calls * n)
+    if protocol == "sync":
+        def one() -> None:
+            out = side.call()
+            side.sync()
+            side.readback(out)
+        side.sync()
+        return median_time(one, repeats, warmup=0) / n
+    raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
 
 
 _UNAVAILABLE: dict[str, str] = {}
 
 
-def _tinygrad_per_kernel(n: int) -> float | None:
+def _numpy_side(n: int) -> Side:
+    x = np.zeros(ELEMENTS, np.float32)
+
+    def call() -> np.ndarray:
+        y = x
+        for _ in range(n):
+            y = y + 1
+        return y
+    return Side("numpy", call, lambda: None, lambda y: np.array(y, copy=True), "eager, synchronous")
+
+
+def _torch_side(n: int) -> Side | None:
     try:
-        from tinygrad import Tensor as TgTensor  # type: ignore[import-not-found]
+        import torch
+    except ImportError:
+        _UNAVAILABLE["torch"] = "not installed"
+        return None
+    x = torch.zeros(ELEMENTS)
+
+    def call() -> Any:
+        y = x
+        for _ in range(n):
+            y = y + 1
+        return y
+    return Side("torch", call, torch.cpu.synchronize, lambda y: y.numpy().copy(), "eager CPU, synchronous")
+
+
+def _tinygrad_side(n: int) -> Side | None:
+    try:
+        from tinygrad import Device as TgDevice  # type: ignore[import-not-found]
+        from tinygrad import Tensor as TgTensor
         from tinygrad import TinyJit as TgJit
     except ImportError:
+        _UNAVAILABLE["tinygrad"] = "not installed"
         return None
 
     @TgJit
@@ -74,66 +133,100 @@ def _tinygrad_per_kernel(n: int) -> float | None:
 
     try:
         x = TgTensor.zeros(ELEMENTS).contiguous().realize()
-        for _ in range(3):
-            step(x).numpy()
-        return median_time(lambda: step(x).numpy(), _repeats(n), warmup=0) / n
+        dev = TgDevice[str(x.device)]
+        for _ in range(3):  # tinygrad's TinyJit: call 1 runs, call 2 captures, later calls replay
+            out = step(x).numpy()
+        if not np.array_equal(out, np.full(ELEMENTS, n, np.float32)):
+            raise AssertionError(f"tinygrad's {n}-kernel chain computed {out[:4]}..., expected {n}")
     except Exception as e:  # installed but unusable here (e.g. no C compiler for its CPU device)
         _UNAVAILABLE["tinygrad"] = f"installed but failed to run: {type(e).__name__}: {e}"
         return None
+    return Side("tinygrad jit", lambda: step(x), dev.synchronize, lambda y: y.numpy(), "TinyJit replay")
 
 
-def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS) -> list[dict[str, Any]]:
-    """Print (and return) per-kernel eager, replay and host-submit times for each chain length."""
-    from rawgrad import Device, Tensor
-    from rawgrad.jit import TinyJit
+def make_sides(n: int, dev: Any, frameworks: tuple[str, ...] = ("rawgrad", "numpy", "torch", "tinygrad")) \
+        -> list[Side]:
+    """The columns for chains of `n` kernels: rawgrad eager and replay on `dev`'s default Tensors, then
+    numpy, torch and tinygrad where importable (the unavailable ones are left out and noted)."""
+    sides: list[Side] = []
+    if "rawgrad" in frameworks:
+        from rawgrad import Tensor
+        from rawgrad.jit import TinyJit
+        x = Tensor(np.zeros(ELEMENTS, np.float32)).realize()
+        jitted: TinyJit[Any] = TinyJit(functools.partial(_chain, n=n))
+        jitted(x), jitted(x)  # eager call, capture
+        dev.synchronize()
+        out = jitted(x).numpy()
+        if not np.array_equal(out, np.full(ELEMENTS, n, np.float32)):
+            raise AssertionError(f"replay of a {n}-kernel chain computed {out[:4]}..., expected {n}")
+        sides.append(Side("rawgrad eager", lambda: _chain(x, n), dev.synchronize, lambda t: t.numpy(),
+                          "schedule + lower + launch per kernel"))
+        sides.append(Side("rawgrad replay", lambda: jitted(x), dev.synchronize, lambda t: t.numpy(),
+                          "TinyJit replay"))
+    if "numpy" in frameworks:
+        sides.append(_numpy_side(n))
+    for name, make in (("torch", _torch_side), ("tinygrad", _tinygrad_side)):
+        if name in frameworks:
+            side = make(n)
+            if side is not None:
+                sides.append(side)
+    return sides
 
+
+def host_submit_per_kernel(side: Side, n: int, repeats: int) -> float:
+    """Host time of one call with the device idle before it (no protocol: the call only)."""
+    times = []
+    for _ in range(repeats):
+        side.sync()
+        t0 = time.perf_counter()
+        side.call()
+        times.append(time.perf_counter() - t0)
+    side.sync()
+    return statistics.median(times) / n
+
+
+COLUMNS = ("rawgrad eager", "rawgrad replay", "numpy", "torch", "tinygrad jit")
+
+
+def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS, protocols: tuple[str, ...] = ("async", "sync"),
+                   frameworks: tuple[str, ...] = ("rawgrad", "numpy", "torch", "tinygrad")) \
+        -> list[dict[str, Any]]:
+    """Print (and return) per-kernel times of every column under each protocol, for each chain length.
+    One row per (protocol, N): {"protocol", "n", "<column>_s" for each column timed, "submit_s"}."""
+    from rawgrad import Device
+
+    for p in protocols:
+        if p not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {p!r}; choose from {', '.join(PROTOCOLS)}")
     dev = Device[Device.DEFAULT]  # where the Tensors below live (DEV=NV puts them on the GPU): sync that one
     print(f"rawgrad bench dispatch on {dev.name}  ({platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, "
           f"{getattr(dev, 'threads', '?')} worker threads, {ELEMENTS}-element x = x + 1 chains)")
-    print(f"{'N':>5s} {'eager us/k':>11s} {'replay us/k':>12s} {'submit us/k':>12s} {'eager/replay':>13s} "
-          f"{'numpy us/op':>12s} {'torch us/op':>12s} {'tinygrad jit us/k':>18s}")
-    rows = []
-    for n in lengths:
-        x = Tensor(np.zeros(ELEMENTS, np.float32)).realize()
-        reps = _repeats(n)
-
-        def eager(n: int = n, x: Any = x) -> None:
-            _chain(x, n)
-            dev.synchronize()
-
-        eager_s = median_time(eager, reps, warmup=0) / n
-        jitted: TinyJit[Any] = TinyJit(functools.partial(_chain, n=n))
-        jitted(x), jitted(x)  # eager call, capture
-        dev.synchronize()
-
-        def replay(jitted: TinyJit[Any] = jitted, x: Any = x) -> None:
-            jitted(x)
-            dev.synchronize()
-
-        replay_s = median_time(replay, reps, warmup=0) / n
-        submits = []
-        for _ in range(reps):
-            dev.synchronize()
-            t0 = time.perf_counter()
-            jitted(x)
-            submits.append(time.perf_counter() - t0)
-        dev.synchronize()
-        submit_s = statistics.median(submits) / n
-        out = jitted(x).numpy()
-        if not np.array_equal(out, np.full(ELEMENTS, n, np.float32)):
-            raise AssertionError(f"replay of a {n}-kernel chain computed {out[:4]}..., expected {n}")
-        torch_s, tg_s = _torch_per_op(n), _tinygrad_per_kernel(n)
-        row = {"n": n, "eager_s": eager_s, "replay_s": replay_s, "submit_s": submit_s,
-               "numpy_s": _numpy_per_op(n), "torch_s": torch_s, "tinygrad_s": tg_s}
-        rows.append(row)
-        us = lambda v: f"{v * 1e6:.3f}" if v is not None else "n/a"  # noqa: E731
-        print(f"{n:5d} {us(eager_s):>11s} {us(replay_s):>12s} {us(submit_s):>12s} "
-              f"{eager_s / replay_s:12.1f}x {us(row['numpy_s']):>12s} {us(torch_s):>12s} {us(tg_s):>18s}")
-    if rows and rows[0]["torch_s"] is None:
-        print("torch: not installed, skipped")
-    if rows and rows[0]["tinygrad_s"] is None:
-        print(f"tinygrad: {_UNAVAILABLE.get('tinygrad', 'not installed')}, skipped")
+    sides_by_n = {n: make_sides(n, dev, frameworks) for n in lengths}
+    names = [c for c in COLUMNS if any(s.name == c for sides in sides_by_n.values() for s in sides)]
+    rows: list[dict[str, Any]] = []
+    us = lambda v: f"{v * 1e6:.3f}" if v is not None else "n/a"  # noqa: E731
+    for protocol in protocols:
+        print(f"\nprotocol: {protocol} (every column) -- {PROTOCOLS[protocol]}")
+        print("  " + "; ".join(f"{s.name}: {protocol}" for s in sides_by_n[lengths[0]]) if lengths else "")
+        head = " ".join(f"{c + ' us/k':>19s}" for c in names)
+        print(f"{'N':>5s} {head} {'eager/replay':>13s} {'submit us/k':>12s}")
+        for n in lengths:
+            row: dict[str, Any] = {"protocol": protocol, "n": n}
+            for side in sides_by_n[n]:
+                row[f"{side.name}_s"] = time_per_kernel(side, n, protocol, _repeats(n), _calls_per_block(n))
+            replay = next((s for s in sides_by_n[n] if s.name == "rawgrad replay"), None)
+            row["submit_s"] = host_submit_per_kernel(replay, n, _repeats(n)) if replay else None
+            rows.append(row)
+            cells = " ".join(f"{us(row.get(c + '_s')):>19s}" for c in names)
+            ratio = (f"{row['rawgrad eager_s'] / row['rawgrad replay_s']:12.1f}x"
+                     if "rawgrad replay_s" in row else f"{'n/a':>13s}")
+            print(f"{n:5d} {cells} {ratio} {us(row['submit_s']):>12s}", flush=True)
+    print("submit us/k: host time of one replay call, device idle before it (no sync, no readback; "
+          "not a protocol column)")
+    for name in ("torch", "tinygrad"):
+        if name in frameworks and name in _UNAVAILABLE:
+            print(f"{name}: {_UNAVAILABLE[name]}, skipped")
     return rows
 
 
