@@ -1,5 +1,5 @@
 """Command line: `python -m rawgrad [demo | info | doctor | infer minilm|gpt2 |
-bench cpu|dispatch|infer|gpu]`."""
+bench cpu|dispatch|infer|saved-graph|gpu]`."""
 from __future__ import annotations
 
 import argparse
@@ -172,8 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     g2.add_argument("--seed", type=int, default=0)
     g2.add_argument("--size", choices=["124m", "tiny"], default="124m", help="random-weight model size")
     bench = sub.add_parser("bench", help="benchmarks against numpy / torch (and others when installed)")
-    bench.add_argument("what", choices=["cpu", "dispatch", "infer", "gpu"])
+    bench.add_argument("what", choices=["cpu", "dispatch", "infer", "saved-graph", "gpu"])
     bench.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
+    bench.add_argument("--protocol", choices=["async", "sync", "both"], default="both",
+                       help="bench dispatch: async = N calls then one sync, sync = sync + readback after "
+                            "every call (same protocol on every column)")
+    bench.add_argument("--lengths", type=int, nargs="+", help="bench dispatch: chain lengths (1 10 100 1000)")
+    bench.add_argument("--kernels", type=int, default=100, help="bench saved-graph: kernels in the chain")
+    bench.add_argument("--elements", type=int, default=256, help="bench saved-graph: float32 elements")
+    bench.add_argument("--runs", type=int, default=3, help="bench saved-graph: fresh processes")
     bench.add_argument("--json", help="bench gpu: JSON result path (default $OUT/bench_gpu.json)")
     args = parser.parse_args(argv)
     if args.cmd in (None, "demo"):
@@ -188,12 +195,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "infer" and args.model == "gpt2":
         return infer_gpt2(args.tokens, args.weights, args.prompt, args.temperature, args.top_k, args.seed,
                           args.size)
+    if args.cmd == "bench" and args.what != "gpu":
+        from rawgrad.bench import blas_description, run_without_blas_overrides
+        code = run_without_blas_overrides(sys.argv[1:] if argv is None else argv)
+        if code is not None:
+            return code
+        if args.what != "cpu":  # bench cpu prints it in its own header
+            print(blas_description())
+    if args.cmd == "bench" and args.what == "saved-graph":
+        from rawgrad.bench import bench_saved_graph
+        bench_saved_graph(args.kernels, args.elements, 1 if args.quick else args.runs)
+        return 0
     if args.cmd == "bench" and args.what == "infer":
         from rawgrad.bench_infer import bench_infer
         return bench_infer(quick=args.quick)
     if args.cmd == "bench" and args.what == "dispatch":
-        from rawgrad.jit.bench_dispatch import bench_dispatch
-        bench_dispatch()
+        from rawgrad.jit.bench_dispatch import CHAIN_LENGTHS, bench_dispatch
+        protocols = ("async", "sync") if args.protocol == "both" else (args.protocol,)
+        lengths = tuple(args.lengths) if args.lengths else CHAIN_LENGTHS[:3] if args.quick else CHAIN_LENGTHS
+        bench_dispatch(lengths, protocols)
         from rawgrad import bench_gpu
         if bench_gpu.default_is_nv():  # on a GPU, also the empty-kernel chains against CUDA Graphs
             bench_gpu.dispatch(quick=args.quick, json_path=args.json)
