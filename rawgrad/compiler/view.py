@@ -267,7 +267,7 @@ class View:
         if any(isinstance(s, int) and s == 0 for s in new_shape) or self.contiguous:
             return View.create(new_shape)
         if self.mask is not None and any(_cmp(e, b) in (-1, 0) for b, e in self.mask):
-            return View.create(new_shape, mask=tuple((0, 0) for _ in new_shape))
+            return _view_reading_nothing(new_shape)
         strides = _reshape_strides(self.shape, self.strides, new_shape)
         if strides is None:
             return None
@@ -295,6 +295,16 @@ class View:
                 if not _eq(e, s):
                     valid = valid.logical_and(i.lt(e))
         return idx, valid
+
+
+def _view_reading_nothing(shape: tuple[SInt, ...]) -> View | None:
+    """A view of `shape` whose every element is invalid, or None for a 0-d shape: a mask is one
+    interval per dimension, so a 0-d view cannot say "nothing is valid". Callers then keep the masked
+    view below it (a 0-d element read through an empty pad/stack/cat piece must stay invalid, never
+    become the unmasked element 0)."""
+    if not shape:
+        return None
+    return View.create(shape, mask=tuple((0, 0) for _ in shape))
 
 
 def _sym(*xs: SInt) -> bool:
@@ -491,7 +501,8 @@ def _valid_to_mask(valid: UOp, idxs: list[UOp], shape: tuple[SInt, ...],
     """The box `start` narrowed by a validity expression, or None when the validity is not a box."""
     box: list[list[SInt]] = [[b, e] for b, e in start]
     if valid.is_const(False):
-        return tuple((0, 0) for _ in shape)
+        # a 0-d view has no dimension to carry an empty mask: such a validity is not a (0-d) box
+        return tuple((0, 0) for _ in shape) if shape else None
     clauses, stack = [], [valid]
     while stack:
         c = stack.pop()
@@ -587,7 +598,7 @@ def _merge_views(v1: View, v2: View) -> View | None:
     if empty(v2):
         return v2  # it reads nothing, whatever is below it
     if empty(v1):
-        return View.create(v2.shape, mask=tuple((0, 0) for _ in v2.shape))
+        return _view_reading_nothing(v2.shape)
     direct = _merge_layout_view(v1, v2)
     if direct is not None:
         return direct
