@@ -7,13 +7,21 @@ PATH, under CUDA_HOME / CUDA_PATH / /usr/local/cuda, or in NVIDIA's ``nvidia-cud
 ``nv`` extra installs) or, failing that, by ``libnvJitLink`` (NV-FACTS 7.1). Assembled images are cached on
 disk by content (``RAWGRAD_CACHE_DIR``). With no assembler at all the mock still runs: it gets a small ELF
 of our own holding an empty ``.text.<kernel>`` (where the SASS would be), ``.nv.info`` records in the cubin
-format (NV-FACTS 7.2) and the PTX, which the mock GPU interprets. One loader path reads both kinds.
+format (NV-FACTS 7.2) and the PTX, which the mock GPU interprets. One loader path reads both kinds; such a
+fallback is counted (`ptx_only_fallbacks`) so a test run that has an assembler can insist on none.
+
+The mock interprets the PTX, not the SASS, so an assembled image also binds the two (``.rawgrad.bind``):
+the sha256 of the exact PTX bytes given to the assembler, the sha256 of the code it produced (every
+``.text.<kernel>``, relocated fields zeroed), the architecture and which assembler ran. `check_binding`
+verifies that record against the image; the mock's ``sass_check.verify_image`` also re-assembles the PTX
+itself and compares the code, which is what catches SASS made from some other PTX.
 """
 
 from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import importlib.util
 import os
 import re
@@ -28,12 +36,15 @@ from typing import Any, NamedTuple
 import cffi
 
 from rawgrad.compiler import elf
-from rawgrad.compiler.cache import BUILT, DISK, MEMORY, CompileCache, cache_folder, content_key
+from rawgrad.compiler.cache import BUILT, DISK, MEMORY, CompileCache, DiskCache, cache_folder, content_key
 
-__all__ = ["NVCompiler", "NoAssemblerError", "PTXAssemblyError", "PTXParam", "ProgramInfo", "append_section",
-           "find_ptxas", "program_info", "write_elf"]
+__all__ = ["Binding", "BindingError", "NVCompiler", "NoAssemblerError", "PTXAssemblyError", "PTXParam",
+           "ProgramInfo", "append_section", "check_binding", "find_ptxas", "program_info",
+           "ptx_only_fallbacks", "write_elf"]
 
 PTX_SECTION = ".rawgrad.ptx"
+BIND_SECTION = ".rawgrad.bind"  # what the PTX and the SASS of an assembled image are (see the docstring)
+BIND_VERSION = 1  # part of the cache key: entries made before binding existed are never reused
 TEXT_PREFIX = ".text."
 NV_INFO = ".nv.info"  # per-function attributes keyed by symbol (SHT_CUDA_INFO)
 NV_INFO_PREFIX = ".nv.info."  # kernel attributes
@@ -397,9 +408,136 @@ def program_info(image: bytes, name: str, arch: str) -> ProgramInfo:
     banks = sorted((b.bank, b.offset, b.size) for b in layout.banks if b.kernel in ("", name))
     return ProgramInfo(name, ptx, text.offset, text.size, param_offset, tuple(ptx_params(ptx, name)),
                        registers, shared, _align(stack_bytes + LOCAL_MEMORY_EXTRA, LOCAL_MEMORY_ROUND),
-                       any(s.flags & elf.SHF_EXECINSTR and s.size > 0 and s.data.strip(b"\0")
-                           for s in f.sections if s.name.startswith(TEXT_PREFIX)),
-                       layout, tuple(banks))
+                       has_sass(f), layout, tuple(banks))
+
+
+# ------------------------------------------------------------------------------------------ PTX <-> SASS
+class BindingError(RuntimeError):
+    """An image's code, its embedded PTX and its `.rawgrad.bind` record disagree (the message says which
+    kernel and which check)."""
+
+
+class Binding(NamedTuple):
+    """The `.rawgrad.bind` record of an assembled image: ASCII lines ``key value``."""
+
+    arch: str  # the -arch the assembler was given
+    assembler: str  # "ptxas" or "nvjitlink"
+    assembler_sha256: str  # sha256 of the assembler's identity (ptxas: its --version text)
+    ptx_sha256: str  # sha256 of the exact PTX bytes the assembler read
+    code: tuple[tuple[str, str], ...]  # (".text.<kernel>", sha256 of its bytes, relocated fields zeroed)
+
+    def encode(self) -> bytes:
+        lines = [f"rawgrad-bind {BIND_VERSION}", f"arch {self.arch}", f"assembler {self.assembler}",
+                 f"assembler-sha256 {self.assembler_sha256}", f"ptx-sha256 {self.ptx_sha256}"]
+        lines += [f"text {name} {digest}" for name, digest in self.code]
+        return ("\n".join(lines) + "\n").encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Binding:
+        fields: dict[str, str] = {}
+        code: list[tuple[str, str]] = []
+        try:
+            for line in data.decode("ascii").splitlines():
+                key, _, value = line.partition(" ")
+                if key == "text":
+                    name, digest = value.split(" ")
+                    code.append((name, digest))
+                else:
+                    fields[key] = value
+            if fields.get("rawgrad-bind") != str(BIND_VERSION):
+                raise BindingError(f"{BIND_SECTION} is version {fields.get('rawgrad-bind')!r}, this driver "
+                                   f"reads {BIND_VERSION}")
+            return cls(fields["arch"], fields["assembler"], fields["assembler-sha256"], fields["ptx-sha256"],
+                       tuple(code))
+        except (UnicodeDecodeError, ValueError, KeyError) as e:
+            raise BindingError(f"unreadable {BIND_SECTION} section: {type(e).__name__}: {e}") from e
+
+
+def sha256(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def has_sass(f: elf.ElfFile) -> bool:
+    """Whether any kernel of the image has code (a PTX-only image's stand-in `.text` is all zeros)."""
+    return any(s.flags & elf.SHF_EXECINSTR and s.size > 0 and s.data.strip(b"\0")
+               for s in f.sections if s.name.startswith(TEXT_PREFIX))
+
+
+# Bytes a relocation of each type patches, from its offset: (start, width). Anything else: the whole
+# 16-byte instruction it lies in.
+_RELOCATED_BYTES = {R_CUDA_32: (0, 4), R_CUDA_64: (0, 8),
+                    R_CUDA_ABS32_LO_32: (INSTRUCTION_IMMEDIATE_OFFSET, 4),
+                    R_CUDA_ABS32_HI_32: (INSTRUCTION_IMMEDIATE_OFFSET, 4)}
+_INSTRUCTION_BYTES = 16
+
+
+def code_sections(f: elf.ElfFile, masks_from: elf.ElfFile | None = None) -> dict[str, bytes]:
+    """Every ``.text.<kernel>`` of an image with the bytes its relocations patch zeroed: the same for a
+    cubin as assembled and as uploaded at any base address (`relocate` writes into `.text`). `masks_from`:
+    take the relocations from that image instead (to compare two images field for field)."""
+    code = {s.name: bytearray(s.data) for s in f.sections if s.name.startswith(TEXT_PREFIX)}
+    masks = masks_from if masks_from is not None else f
+    for r in masks.relocations:
+        target = masks.sections[r.section_index].name if r.section_index < len(masks.sections) else ""
+        if target not in code:
+            continue
+        start, width = _RELOCATED_BYTES.get(r.type, (-(r.offset % _INSTRUCTION_BYTES), _INSTRUCTION_BYTES))
+        lo = max(r.offset + start, 0)
+        hi = min(lo + width, len(code[target]))
+        code[target][lo:hi] = bytes(max(hi - lo, 0))
+    return {name: bytes(data) for name, data in sorted(code.items())}
+
+
+def make_binding(cubin: bytes, ptx: bytes, arch: str, assembler: str, identity: str) -> Binding:
+    """The record for `cubin`, assembled from exactly `ptx` for `arch` by `assembler` (`identity`)."""
+    code = code_sections(elf.ElfFile.parse(cubin))
+    return Binding(arch, assembler, sha256(identity), sha256(ptx),
+                   tuple((name, sha256(data)) for name, data in code.items()))
+
+
+def bind_image(cubin: bytes, ptx: bytes, arch: str, assembler: str, identity: str) -> bytes:
+    """`cubin` with the PTX it was assembled from and the record binding the two appended."""
+    record = make_binding(cubin, ptx, arch, assembler, identity)
+    return append_section(append_section(cubin, PTX_SECTION, ptx), BIND_SECTION, record.encode())
+
+
+def check_binding(image: bytes, f: elf.ElfFile | None = None) -> Binding | None:
+    """The image's binding record after checking it against the image: its `.rawgrad.ptx` hashes to the
+    recorded PTX digest and each `.text.<kernel>` to its recorded digest (relocated fields zeroed, so an
+    uploaded image checks too). None for an image without SASS (a PTX-only image: nothing to bind).
+    Raises BindingError naming the kernel or section that disagrees. This is the driver's own record:
+    ``mock.sass_check.verify_image`` also re-assembles the PTX to check the record is true."""
+    f = f if f is not None else elf.ElfFile.parse(image)
+    if not has_sass(f):
+        return None
+    names = {s.name for s in f.sections}
+    kernels = sorted(n[len(TEXT_PREFIX):] for n in names if n.startswith(TEXT_PREFIX))
+    for need in (PTX_SECTION, BIND_SECTION):
+        if need not in names:
+            raise BindingError(f"the image of kernel(s) {', '.join(kernels)} has SASS but no {need} section: "
+                               f"nothing ties its code to the PTX the mock would interpret")
+    record = Binding.decode(f.section(BIND_SECTION).data)
+    ptx_digest = sha256(f.section(PTX_SECTION).data)
+    if ptx_digest != record.ptx_sha256:
+        raise BindingError(f"kernel(s) {', '.join(kernels)}: {PTX_SECTION} hashes to {ptx_digest[:16]}..., "
+                           f"but the SASS was assembled from PTX {record.ptx_sha256[:16]}... (the embedded "
+                           f"PTX is not what the assembler read)")
+    code = {name: sha256(data) for name, data in code_sections(f).items()}
+    recorded = dict(record.code)
+    for name in sorted(set(code) | set(recorded)):
+        if code.get(name) != recorded.get(name):
+            raise BindingError(f"kernel {name[len(TEXT_PREFIX):]}: {name} "
+                               f"{'hashes to ' + code[name][:16] + '...' if name in code else 'is missing'}, "
+                               f"{BIND_SECTION} records "
+                               f"{recorded[name][:16] + '...' if name in recorded else 'no such section'}")
+    return record
+
+
+def ptx_only_fallbacks() -> int:
+    """How many PTX-only images (no SASS) this process made because no assembler was found, as opposed to
+    an explicit ``NV_ASSEMBLER=none``. CI with the ``nv`` extra installed wants 0: else the mock ran
+    kernels that were never assembled, and the SASS checks never happened."""
+    return NVCompiler.stats.fallbacks
 
 
 def ptx_only_image(ptx: str, arch: str) -> bytes:
@@ -472,13 +610,13 @@ class _NVJitLink:
     def __repr__(self) -> str:
         return f"nvJitLink({self.path!r})"
 
-    def link(self, ptx: str, arch: str) -> bytes:
+    def link(self, ptx: str | bytes, arch: str) -> bytes:
         ffi, fn = self.ffi, self.fn
         handle = ffi.new("void **")
         opts = [ffi.new("char[]", f"-arch={arch}".encode())]
         self._check(fn["Create"](handle, len(opts), ffi.new("const char *[]", opts)), "create", None)
         try:
-            src = ptx.encode()
+            src = ptx.encode() if isinstance(ptx, str) else ptx
             self._check(fn["AddData"](handle[0], NVJITLINK_INPUT_PTX, src, len(src), b"rawgrad.ptx"), "add",
                         handle[0])
             self._check(fn["Complete"](handle[0]), "complete", handle[0])
@@ -590,6 +728,12 @@ def ptxas_version(path: str) -> tuple[tuple[int, int], str]:
     return (int(m.group(1)), int(m.group(2))), proc.stdout.strip()
 
 
+def ptxas_command(path: str, arch: str, src: str, out: str) -> list[str]:
+    """The ptxas command line that assembles file `src` into cubin `out` (the mock's SASS check runs the
+    same options: different options would give different code)."""
+    return [path, f"-arch={arch}", "-o", out, src]
+
+
 class PTXAssembler:
     """NVIDIA's ptxas as a subprocess: PTX text -> cubin for one `sm_XX`."""
 
@@ -605,23 +749,25 @@ class PTXAssembler:
         """What the cache key records about the assembler: a different build gives different SASS."""
         return f"ptxas|{self.version_text}"
 
-    def assemble(self, ptx: str, arch: str) -> bytes:
+    def assemble(self, ptx: str | bytes, arch: str) -> bytes:
+        """The cubin ptxas makes from exactly these PTX bytes (a str is UTF-8 encoded)."""
         need = MIN_PTXAS_RELEASE.get(sm_number(arch))
         if need is not None and self.release < need:
             raise NoAssemblerError(f"{self.path} is CUDA {self.release[0]}.{self.release[1]}; {arch} needs "
                                    f"{need[0]}.{need[1]} or newer: {INSTALL_HINT}")
+        data = ptx.encode() if isinstance(ptx, str) else ptx
         with tempfile.TemporaryDirectory(prefix="rawgrad-ptxas-") as folder:
             src, out = os.path.join(folder, "kernel.ptx"), os.path.join(folder, "kernel.cubin")
-            with open(src, "w") as f:
-                f.write(ptx)
+            with open(src, "wb") as f:
+                f.write(data)
             try:
-                proc = subprocess.run([self.path, f"-arch={arch}", "-o", out, src], capture_output=True,
+                proc = subprocess.run(ptxas_command(self.path, arch, src, out), capture_output=True,
                                       text=True, timeout=PTXAS_TIMEOUT_S)
             except subprocess.TimeoutExpired as e:
                 raise PTXAssemblyError(f"ptxas ({self.path}) did not finish within "
                                        f"{PTXAS_TIMEOUT_S:.0f} s") from e
             if proc.returncode != 0:
-                head = "\n".join(ptx.splitlines()[:_PTX_LINES_IN_ERROR])
+                head = "\n".join(data.decode(errors="replace").splitlines()[:_PTX_LINES_IN_ERROR])
                 raise PTXAssemblyError(f"ptxas ({self.path}) rejected the PTX for {arch} (exit "
                                        f"{proc.returncode}):\n{(proc.stderr + proc.stdout).strip()}\n"
                                        f"--- PTX (first lines) ---\n{head}")
@@ -637,7 +783,8 @@ class NVCompileStats:
     assembled: int = 0
     memory_hits: int = 0
     disk_hits: int = 0
-    ptx_only: int = 0
+    ptx_only: int = 0  # PTX-only images made (no assembler, chosen or not)
+    fallbacks: int = 0  # of those, made because "auto" found no assembler (see ptx_only_fallbacks)
 
     def count(self, source: str) -> None:
         field = {MEMORY: "memory_hits", DISK: "disk_hits", BUILT: "assembled"}[source]
@@ -665,6 +812,7 @@ class NVCompiler:
             raise ValueError(f"unknown NV assembler {choice!r} (from {source}); choose one of "
                              f"{', '.join(ASSEMBLERS)}")
         self.arch = arch
+        self.choice = choice
         self.require_sass = require_sass
         self.backend: PTXAssembler | _NVJitLink | None = self._pick(choice)
         if self.backend is None and require_sass:
@@ -672,6 +820,8 @@ class NVCompiler:
                    else f"no ptxas or libnvJitLink found; {INSTALL_HINT}")
             raise NoAssemblerError(f"{arch} kernels need SASS, which needs an assembler: {why}")
         self._cache = CompileCache(cache_folder("nv", cache_dir), ".cubin")
+        # a disk entry is used only if it is an image of the PTX its key names, with a consistent binding
+        self._cache.disk = _BoundDiskCache(self._cache.disk.folder, self._cache.disk.suffix, self)
 
     def _pick(self, choice: str) -> PTXAssembler | _NVJitLink | None:
         if choice in ("auto", "ptxas"):
@@ -702,15 +852,53 @@ class NVCompiler:
             raise ValueError("PTX module has no .entry kernel")
         if self.backend is None:
             NVCompiler.stats.ptx_only += 1
+            if self.choice == "auto":
+                NVCompiler.stats.fallbacks += 1
             return ptx_only_image(src, self.arch)
-        image, source = self._cache.get(content_key(src, self.arch, self.backend.identity),
-                                        lambda: self._assemble(src))
+        image, source = self._cache.get(self.cache_key(src), lambda: self._assemble(src))
         NVCompiler.stats.count(source)
         return image
+
+    def cache_key(self, src: str | bytes) -> str:
+        """The cache key of the image for PTX `src`: the PTX's sha256, the architecture, the assembler's
+        identity (another build gives other SASS) and the binding format."""
+        backend = self.backend
+        assert backend is not None
+        data = src.encode() if isinstance(src, str) else src
+        return content_key(sha256(data), self.arch, backend.identity, f"bind-v{BIND_VERSION}")
 
     def _assemble(self, src: str) -> bytes:
         backend = self.backend
         assert backend is not None  # compile() makes PTX-only images itself when there is no assembler
-        cubin = backend.assemble(src, self.arch) if isinstance(backend, PTXAssembler) else backend.link(
-            src, self.arch)
-        return append_section(cubin, PTX_SECTION, src.encode())
+        ptx = src.encode()  # the exact bytes the assembler reads, embedded and hashed below
+        if isinstance(backend, PTXAssembler):
+            cubin, kind = backend.assemble(ptx, self.arch), "ptxas"
+        else:
+            cubin, kind = backend.link(ptx, self.arch), "nvjitlink"
+        return bind_image(cubin, ptx, self.arch, kind, backend.identity)
+
+
+class _BoundDiskCache(DiskCache):
+    """The NV disk cache: an entry counts (else it is a miss, counted as corrupt, and rebuilt) only when
+    its binding checks and its key is the key of the PTX it embeds, for this compiler; a file stored
+    under the wrong key, or an image whose code disagrees with its record, is never handed out."""
+
+    def __init__(self, folder: str | None, suffix: str, compiler: NVCompiler) -> None:
+        super().__init__(folder, suffix)
+        self.compiler = compiler
+
+    def get(self, key: str) -> bytes | None:
+        payload = super().get(key)
+        if payload is None:
+            return None
+        try:
+            f = elf.ElfFile.parse(payload)
+            record = check_binding(payload, f)
+            ok = (record is not None and record.arch == self.compiler.arch
+                  and self.compiler.cache_key(f.section(PTX_SECTION).data) == key)
+        except (elf.ElfError, BindingError):
+            ok = False
+        if not ok:
+            self.corrupt_entries += 1
+            return None
+        return payload
