@@ -1,10 +1,9 @@
-"""GPT-2 and LLaMA-style decoders against numpy references written here (independent of rawgrad): prefill
-and KV-cached decode logits, grouped-query attention, greedy and seeded sampling, no recapture while
+"""GPT-2 and LLaMA-style decoders against the numpy references of numpy_ref.py (independent of rawgrad):
+prefill and KV-cached decode logits, grouped-query attention, greedy and seeded sampling, no recapture while
 generating, Hugging Face safetensors round trips, and saved decode graphs replayed in a fresh process."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,132 +17,25 @@ from rawgrad.models.decoding import normalize_prompts, sample_token
 from rawgrad.models.gpt2 import GPT2, GPT2Config
 from rawgrad.models.llama import Llama, LlamaConfig
 
+from . import numpy_ref
+
 ROOT = Path(__file__).resolve().parents[2]
-ATOL = 1e-4
+ATOL, RTOL = numpy_ref.LOGITS_ATOL, numpy_ref.LOGITS_RTOL  # float32 logits vs float64 numpy
 
 GPT2_CFG = GPT2Config(vocab_size=64, max_context=24, dim=32, n_layers=2, n_heads=4)
 LLAMA_CFG = LlamaConfig(vocab_size=64, max_context=24, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
                         hidden_dim=48, rope_theta=500.0, norm_eps=1e-5)
 
 
-# ---------------------------------------------------------------------------------------------- references
-def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def _causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """q (B, H, T, D), k/v (B, H, T, D) -> (B, T, H * D)."""
-    t, d = q.shape[2], q.shape[3]
-    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
-    s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
-    o = _softmax(s) @ v
-    return o.transpose(0, 2, 1, 3).reshape(q.shape[0], t, -1)
-
-
 def gpt2_reference(w: dict[str, np.ndarray], cfg: GPT2Config, tokens: np.ndarray) -> np.ndarray:
-    """Logits (B, T, vocab) of HF-layout GPT-2 weights, in float64."""
-    w = {k: v.astype(np.float64) for k, v in w.items()}
-    b, t = tokens.shape
-    h_, d = cfg.n_heads, cfg.dim // cfg.n_heads
-    x = w["wte.weight"][tokens] + w["wpe.weight"][:t]
-    for i in range(cfg.n_layers):
-        p = f"h.{i}."
-        h = _layer_norm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], cfg.norm_eps)
-        qkv = h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
-        q, k, v = (qkv[..., j * cfg.dim:(j + 1) * cfg.dim].reshape(b, t, h_, d).transpose(0, 2, 1, 3)
-                   for j in range(3))
-        x = x + _causal_attention(q, k, v) @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
-        h = _layer_norm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], cfg.norm_eps)
-        h = h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"]
-        h = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))  # HF gelu_new
-        x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
-    x = _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], cfg.norm_eps)
-    return x @ w["wte.weight"].T
+    return numpy_ref.gpt2_logits(w, cfg, tokens)
 
 
 def llama_reference(w: dict[str, np.ndarray], cfg: LlamaConfig, tokens: np.ndarray) -> np.ndarray:
-    """Logits (B, T, vocab) of HF-layout LLaMA weights, in float64 (rotate_half RoPE, repeat_kv GQA)."""
-    w = {k: v.astype(np.float64) for k, v in w.items()}
-    b, t = tokens.shape
-    hd = cfg.dim // cfg.n_heads
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2) / hd))
-    ang = np.arange(t)[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
-
-    def rot(x: np.ndarray) -> np.ndarray:  # (B, H, T, D)
-        rotate_half = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
-        return x * cos + rotate_half * sin
-
-    def rms(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps) * g
-
-    x = w["model.embed_tokens.weight"][tokens]
-    rep = cfg.n_heads // cfg.n_kv_heads
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        h = rms(x, w[p + "input_layernorm.weight"])
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(b, t, cfg.n_heads, hd).transpose(0, 2, 1, 3)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(b, t, cfg.n_kv_heads, hd).transpose(0, 2, 1, 3)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(b, t, cfg.n_kv_heads, hd).transpose(0, 2, 1, 3)
-        q, k = rot(q), rot(k)
-        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # query head j reads kv head j // rep
-        x = x + _causal_attention(q, k, v) @ w[p + "self_attn.o_proj.weight"].T
-        h = rms(x, w[p + "post_attention_layernorm.weight"])
-        g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
-    head = w["model.embed_tokens.weight"] if cfg.tie_embeddings else w["lm_head.weight"]
-    return rms(x, w["model.norm.weight"]) @ head.T
+    return numpy_ref.llama_logits(w, cfg, tokens)
 
 
-# ---------------------------------------------------------------------------------------------- weights
-def gpt2_weights(cfg: GPT2Config, seed: int) -> dict[str, np.ndarray]:
-    """Random HF-layout weights, large enough that the logits vary from token to token."""
-    rng = np.random.default_rng(seed)
-    d, f = cfg.dim, 4 * cfg.dim
-    w = {"wte.weight": rng.normal(0, 0.5, (cfg.vocab_size, d)),
-         "wpe.weight": rng.normal(0, 0.5, (cfg.max_context, d)),
-         "ln_f.weight": rng.normal(1, 0.1, d), "ln_f.bias": rng.normal(0, 0.1, d)}
-    for i in range(cfg.n_layers):
-        p = f"h.{i}."
-        w.update({p + "ln_1.weight": rng.normal(1, 0.1, d), p + "ln_1.bias": rng.normal(0, 0.1, d),
-                  p + "attn.c_attn.weight": rng.normal(0, 0.3, (d, 3 * d)),
-                  p + "attn.c_attn.bias": rng.normal(0, 0.1, 3 * d),
-                  p + "attn.c_proj.weight": rng.normal(0, 0.2, (d, d)),
-                  p + "attn.c_proj.bias": rng.normal(0, 0.1, d),
-                  p + "ln_2.weight": rng.normal(1, 0.1, d), p + "ln_2.bias": rng.normal(0, 0.1, d),
-                  p + "mlp.c_fc.weight": rng.normal(0, 0.2, (d, f)),
-                  p + "mlp.c_fc.bias": rng.normal(0, 0.1, f),
-                  p + "mlp.c_proj.weight": rng.normal(0, 0.1, (f, d)),
-                  p + "mlp.c_proj.bias": rng.normal(0, 0.1, d)})
-    return {k: v.astype(np.float32) for k, v in w.items()}
-
-
-def llama_weights(cfg: LlamaConfig, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    d, hd, f = cfg.dim, cfg.dim // cfg.n_heads, cfg.hidden_dim
-    w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (cfg.vocab_size, d)),
-         "model.norm.weight": rng.normal(1, 0.1, d)}
-    if not cfg.tie_embeddings:
-        w["lm_head.weight"] = rng.normal(0, 0.3, (cfg.vocab_size, d))
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        w.update({p + "self_attn.q_proj.weight": rng.normal(0, 0.3, (cfg.n_heads * hd, d)),
-                  p + "self_attn.k_proj.weight": rng.normal(0, 0.3, (cfg.n_kv_heads * hd, d)),
-                  p + "self_attn.v_proj.weight": rng.normal(0, 0.3, (cfg.n_kv_heads * hd, d)),
-                  p + "self_attn.o_proj.weight": rng.normal(0, 0.2, (d, cfg.n_heads * hd)),
-                  p + "mlp.gate_proj.weight": rng.normal(0, 0.2, (f, d)),
-                  p + "mlp.up_proj.weight": rng.normal(0, 0.2, (f, d)),
-                  p + "mlp.down_proj.weight": rng.normal(0, 0.2, (d, f)),
-                  p + "input_layernorm.weight": rng.normal(1, 0.1, d),
-                  p + "post_attention_layernorm.weight": rng.normal(1, 0.1, d)})
-    return {k: v.astype(np.float32) for k, v in w.items()}
+gpt2_weights, llama_weights = numpy_ref.gpt2_weights, numpy_ref.llama_weights
 
 
 ARCHS: dict[str, Any] = {
@@ -168,10 +60,7 @@ def reference(arch: str, w: dict[str, np.ndarray], tokens: np.ndarray) -> np.nda
 
 
 def greedy_reference(arch: str, w: dict[str, np.ndarray], prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(np.argmax(reference(arch, w, np.array([seq]))[0, -1])))
-    return seq[len(prompt):]
+    return numpy_ref.greedy(lambda tokens: reference(arch, w, tokens), prompt, n)
 
 
 # ---------------------------------------------------------------------------------------------- logits
@@ -183,10 +72,10 @@ def test_prefill_and_cached_decode_logits_match_reference(arch: str) -> None:
     want = reference(arch, w, seq)
     prefill = 5
     got = model.logits(seq[:, :prefill])  # all positions of the prompt, and fills the batch-2 cache
-    np.testing.assert_allclose(got, want[:, :prefill], atol=ATOL, rtol=1e-4)
+    np.testing.assert_allclose(got, want[:, :prefill], atol=ATOL, rtol=RTOL)
     for pos in range(prefill, seq.shape[1]):  # each step reads the cache the earlier ones wrote
         step = model.decode_step(seq[:, pos:pos + 1], pos)
-        np.testing.assert_allclose(step, want[:, pos], atol=ATOL, rtol=1e-4)
+        np.testing.assert_allclose(step, want[:, pos], atol=ATOL, rtol=RTOL)
 
 
 def test_llama_groups_query_heads_over_fewer_kv_heads() -> None:
@@ -197,7 +86,7 @@ def test_llama_groups_query_heads_over_fewer_kv_heads() -> None:
     w = llama_weights(cfg, seed=5)
     model = Llama.from_hf_state_dict(w, cfg)
     seq = np.array([[3, 1, 4, 1, 5, 9, 2]])
-    np.testing.assert_allclose(model.logits(seq), llama_reference(w, cfg, seq), atol=ATOL, rtol=1e-4)
+    np.testing.assert_allclose(model.logits(seq), llama_reference(w, cfg, seq), atol=ATOL, rtol=RTOL)
     with pytest.raises(ValueError, match="do not group"):
         LlamaConfig(dim=32, n_heads=4, n_kv_heads=3)
 
@@ -248,7 +137,8 @@ def test_sampling_is_seeded_and_respects_top_k() -> None:
         top3 = np.argsort(logits[len(prompt) - 1 + i])[-3:]
         assert tok in top3
     # top_k=1 is greedy at any temperature
-    assert model.generate(prompt, 4, temperature=5.0, top_k=1, seed=9) == model.generate(prompt, 4)
+    greedy = [greedy_reference("llama", w, prompt, 4)]
+    assert model.generate(prompt, 4, temperature=5.0, top_k=1, seed=9) == greedy
 
 
 def test_sample_token_unit() -> None:
@@ -344,33 +234,32 @@ def test_from_pretrained_safetensors_gives_the_same_logits(arch: str, tmp_path: 
     loaded = cls.from_pretrained(str(tmp_path))
     assert loaded.config == cfg
     seq = np.array([[4, 8, 15, 16, 23, 42]])
-    np.testing.assert_allclose(loaded.logits(seq), model.logits(seq), atol=1e-6)
+    np.testing.assert_allclose(loaded.logits(seq), reference(arch, w, seq), atol=ATOL, rtol=RTOL)
 
 
 # ---------------------------------------------------------------------------------------------- saved graphs
 CHILD = r"""
 import json, sys
-from rawgrad import Device, GlobalCounters
-from rawgrad.compiler.toolchain import LLVMCompiler
-Device["CPU"]  # the command processor itself may compile; the decoder must not
-LLVMCompiler.stats.reset()
-GlobalCounters.reset()
+from rawgrad import Device
+from rawgrad.compiler import compile_counts, total_compiles
+Device["CPU"], Device[Device.DEFAULT]  # opening the CPU device builds its command processor; not the decoder
+before = total_compiles()
 from rawgrad.models.{module} import {cls}
 dec = {cls}.load_decoder(sys.argv[1])
 out = dec.generate(json.loads(sys.argv[2]), int(sys.argv[3]))
-assert LLVMCompiler.stats.compiles == 0, LLVMCompiler.stats
-assert GlobalCounters.kernels_compiled == 0, GlobalCounters.kernels_compiled
+assert total_compiles() == before, compile_counts()  # no compiler of any device ran
 print(json.dumps(out))
 """
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_saved_decoder_generates_the_same_tokens_in_a_fresh_process(arch: str, tmp_path: Path) -> None:
-    model, _ = model_and_weights(arch)
+    model, w = model_and_weights(arch)
     prompts = [[3, 14, 15], [9, 2, 6, 5]]
     n = 6
-    want = model.generate(prompts, n, prefill="step")
-    assert want == model.generate(prompts, n)  # batch prefill agrees with the step-by-step one
+    want = [greedy_reference(arch, w, p, n) for p in prompts]
+    assert model.generate(prompts, n, prefill="step") == want
+    assert model.generate(prompts, n) == want
     path = tmp_path / "decoder"
     model.save_decoder(str(path), batch=2)
     module, cls = ("gpt2", "GPT2") if arch == "gpt2" else ("llama", "Llama")
