@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 
+import cffi
+import numpy as np
 import pytest
 
 from rawgrad.drivers.nv import abi
@@ -12,6 +14,8 @@ from rawgrad.drivers.nv.mock import AMPERE, H100, GPUProfile, MockNV
 from rawgrad.drivers.nv.rm import UVM, NVError, RMClient
 
 from .conftest import make_device
+
+_ffi = cffi.FFI()
 
 
 def _clean(m: MockNV) -> None:
@@ -93,9 +97,38 @@ def test_bringup_sequence_and_classes(mock: MockNV, profile: GPUProfile) -> None
 
 
 def test_mock_implements_the_seam() -> None:
-    from rawgrad.drivers.osapi import OSInterface
+    """The mock behind the OSInterface seam does what the real calls do, checked by effect (a Protocol
+    isinstance check only compares method names)."""
+    from rawgrad.drivers import osapi
 
-    assert isinstance(MockNV(H100), OSInterface)
+    m = MockNV(H100)
+    try:
+        assert isinstance(m, osapi.OSInterface)
+        assert m.exists("/dev/nvidiactl") and m.exists("/dev/nvidia-uvm") and not m.exists("/dev/nvidia7")
+        with pytest.raises(OSError, match="open\\(/dev/nvidia7\\).*ENOENT"):
+            m.open("/dev/nvidia7", 0)
+        fd = m.open("/dev/nvidiactl", 0)
+        with pytest.raises(OSError, match="EINVAL"):
+            m.read(fd, 4)
+        m.close(fd)
+        with pytest.raises(OSError, match=f"close\\({fd}\\).*EBADF"):
+            m.close(fd)
+        with make_device(m) as d:
+            # the publish sequence: ring entry, fence, GP_PUT = slot + 1, fence, token to the doorbell
+            ring = m.mmap(0, 4096, osapi.PROT_READ | osapi.PROT_WRITE, 0x22, -1, 0)  # private anonymous
+            fences, unknown = m.fence_count, list(m.gpu.unknown_doorbells)
+            m.gpfifo_publisher(ring, 4, ring + 64, d.doorbell_addr, 0xBAD)(3, 0x1234_5678_9ABC)
+            words = np.frombuffer(_ffi.buffer(_ffi.cast("char *", ring), 72), np.uint32)
+            assert int(words[6]) | int(words[7]) << 32 == 0x1234_5678_9ABC  # ring[3]
+            assert words[16] == 0  # GP_PUT wrapped: (3 + 1) % 4
+            assert m.fence_count == fences + 2
+            assert m.gpu.unknown_doorbells == [*unknown, 0xBAD]  # the doorbell reached the GPU, token intact
+            m.munmap(ring, 4096)
+            t0 = d.read_timer_ns()  # usermode MMIO reads: the GPU timer, advancing
+            assert 0 < t0 <= d.read_timer_ns()
+        _clean(m)
+    finally:
+        m.shutdown()
 
 
 def test_hopper_picks_only_hopper_engines() -> None:

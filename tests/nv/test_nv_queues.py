@@ -81,16 +81,41 @@ def test_copy_engine_copies_bytes(dev: NVDevice, nbytes: int) -> None:
         dev.free(b)
 
 
-def test_memory_barrier_and_cache_invalidate_accepted(dev: NVDevice) -> None:
-    sig = dev.alloc_signal()
-    q = pb.memory_barrier(pb.PushBuffer())
+def test_memory_barrier_orders_a_write_before_a_copy_after_it(dev: NVDevice, mock: MockNV) -> None:
+    """A value written on the compute queue before its memory barrier is what the copy engine reads after
+    it (the copy queue waits on a release the compute queue makes after the barrier, then has its own
+    barrier); the cache invalidate and non-stall interrupt in the stream do not stop what follows; and the
+    barrier's MEM_OP is decoded, not just skipped (another operation in its place faults). The mock runs
+    methods in order, so it cannot show what a missing barrier would break: that needs hardware."""
+    data, gate, done = dev.alloc_signal(), dev.alloc_signal(), dev.alloc_signal()
+    dst = dev.alloc_host(16)
+    value = 0xC0FF_EE00_0000_0042
+    c = pb.sem_acquire(pb.PushBuffer(), dev.host, gate, 1)
+    pb.memory_barrier(c)
+    pb.ce_copy(c, dev.copy_info, dst.va, data, 8)
+    pb.ce_sem_release(c, dev.copy_info, done, 3)
+    dev.copy.submit(c)
+    time.sleep(0.02)
+    assert read_u64(done) == 0 and read_u64(dst.va) == 0  # the copy waits for the gate
+    q = pb.sem_release(pb.PushBuffer(), dev.host, data, value)  # the write
+    pb.memory_barrier(q)
     pb.invalidate_shader_caches(q)
     pb.non_stall_interrupt(q)
-    dev.compute.submit(dev.signal_next(q))
-    dev.wait_signal(dev.timeline, dev.timeline_value, timeout_s=5)
-    dev.copy.submit(pb.memory_barrier(pb.PushBuffer()))
-    dev.copy.wait_idle()
-    del sig
+    pb.sem_release(q, dev.host, gate, 1)
+    dev.compute.submit(q)
+    dev.wait_signal(done, 3, timeout_s=5)
+    assert read_u64(gate) == 1 and read_u64(dst.va) == value  # the copy saw the write
+    assert not mock.gpu.faults
+    # the barrier's last word is MEM_OP_D with OPERATION (bits 31:27) = MEMBAR; any other operation faults
+    words = pb.memory_barrier(pb.PushBuffer()).words
+    assert words[-1] >> 27 == 5  # MEM_OP_D_OPERATION_MEMBAR
+    bad = pb.PushBuffer()
+    bad.words.extend(words[:-1] + [(0x1F << 27) | (words[-1] & ((1 << 27) - 1))])
+    dev.compute.submit(bad)
+    with pytest.raises(NVChannelError):
+        dev.compute.wait_idle(timeout_s=5)
+    assert "MEM_OP_D operation 0x1f" in str(mock.gpu.faults[0])
+    dev.free(dst)
 
 
 def test_gpfifo_wraparound_with_backpressure() -> None:
