@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import string
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -187,6 +188,12 @@ def _is_scalar(x: Any) -> bool:
     return isinstance(x, (int, float, bool, np.generic))
 
 
+def _check_int_fits(v: Any, dt: DType) -> None:
+    """A Python int that an integer dtype cannot hold is refused (as numpy 2 does), never truncated."""
+    if isinstance(v, int) and not isinstance(v, bool) and dt.is_int and not dt.min() <= v <= dt.max():
+        raise OverflowError(f"Python integer {v} is out of range for {dt} ({dt.min()}..{dt.max()})")
+
+
 # ---------------------------------------------------------------------- basic-indexing plan
 @dataclass
 class _IndexPlan:
@@ -199,6 +206,56 @@ class _IndexPlan:
     out_shape: list[int] = field(default_factory=list)  # after dropping ints and adding Nones
     advanced: list[tuple[int, Tensor]] = field(default_factory=list)  # (axis in result, index tensor)
     adv_pos: int | None = None  # where the broadcast index dims go; None: in front (not adjacent)
+    host_checked: set[int] = field(default_factory=set)  # ids of index tensors already checked on the host
+
+
+# ---------------------------------------------------------------------- out-of-range index checks
+# Indices known on the host (ints, lists, numpy arrays) are checked when the index is built. Indices that
+# live on the device (an index Tensor) would need a sync to check, so each such use records a lazy
+# "any index out of range" flag; the flags are computed and read at the next host read (numpy(), item(),
+# tolist()) of this thread, and before any indexed write, and a set flag raises IndexError there. Until then
+# an out-of-range read gives 0 (a load is never made outside the table). TinyJit replays run no Python,
+# so they check nothing: docs/reliability.md lists this.
+MAX_PENDING_INDEX_CHECKS = 64  # flags held before they are checked anyway (each keeps its index alive)
+
+
+class _PendingIndexChecks(threading.local):
+    def __init__(self) -> None:
+        self.flags: list[tuple[Tensor, str]] = []
+
+
+_pending_index_checks = _PendingIndexChecks()
+
+
+def _defer_index_check(index: Tensor, size: int, what: str) -> None:
+    if index.numel() == 0 or not isinstance(size, int) or any(not isinstance(d, int) for d in index.shape):
+        return
+    bad = ((index < -size) | (index >= size)).any()
+    message = f"{what}: an index is out of range for a dimension of size {size} (valid: {-size}..{size - 1})"
+    _pending_index_checks.flags.append((bad, message))
+    if len(_pending_index_checks.flags) >= MAX_PENDING_INDEX_CHECKS and not _realize.readback_guards:
+        check_pending_indices()
+
+
+def check_pending_indices() -> None:
+    """Compute and read this thread's pending out-of-range flags; raise IndexError for a set one."""
+    flags, _pending_index_checks.flags = _pending_index_checks.flags, []
+    if not flags:
+        return
+    by_device: dict[str, list[tuple[Tensor, str]]] = {}
+    for f in flags:
+        by_device.setdefault(f[0].device, []).append(f)
+    for group in by_device.values():
+        values = Tensor.stack(*[t for t, _ in group]).numpy() if len(group) > 1 else [group[0][0].numpy()]
+        for (_, message), v in zip(group, values):
+            if bool(v):
+                raise IndexError(message)
+
+
+def _check_host_index(data: np.ndarray, size: int, dim: int) -> None:
+    if data.size and (int(data.min()) < -size or int(data.max()) >= size):
+        bad = int(data.max()) if int(data.max()) >= size else int(data.min())
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 
 
 class Tensor:
@@ -366,6 +423,7 @@ class Tensor:
         if _is_scalar(other):
             v = _scalar(other)
             dt = dtype or result_type_with_scalar(self.dtype, v)
+            _check_int_fits(v, dt)
             a = self.cast(dt)
             b = a._const(v)
         else:
@@ -401,6 +459,7 @@ class Tensor:
              device: str | None = None) -> Tensor:
         shp = _shape_arg(shape if isinstance(shape, tuple) else (shape,))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(_scalar(fill_value))
+        _check_int_fits(_scalar(fill_value), dt)
         return Tensor._full(shp, _scalar(fill_value), dt, _canon_device(device))
 
     @staticmethod
@@ -609,6 +668,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The data as a numpy array (bfloat16 comes back as float32)."""
         _realize.check_readback("Tensor.numpy()")
+        check_pending_indices()
         self.realize()
         base = self.uop.base
         # a symbolic dim reads as the value its bound Variable has (the buffer is sized for the maximum)
@@ -818,6 +878,11 @@ class Tensor:
                 return self
         if not reverse and _is_scalar(x) and isinstance(_scalar(x), int) and self.dtype.is_bool:
             return self.cast(dtypes.int32).pow(x)
+        if not reverse and _is_scalar(x) and isinstance(_scalar(x), int) and _scalar(x) < 0 \
+                and (self.dtype.is_int or self.dtype.is_bool):
+            # numpy and torch refuse this too: the answer (1/a**n truncated) is 0 for almost every a
+            raise ValueError(f"integers to negative integer powers are not allowed ({self.dtype} ** "
+                             f"{_scalar(x)}); cast to a float dtype first")
         return self._binary(Ops.POW, x, reverse)
 
     def neg(self) -> Tensor:
@@ -1582,16 +1647,29 @@ class Tensor:
     # ------------------------------------------------------------------ indexing
     def _index_plan(self, indices: Any) -> tuple[_IndexPlan, Tensor]:
         items = list(indices) if isinstance(indices, tuple) else [indices]
+        starts = self._index_item_dims(items)
+        host_checked: set[int] = set()
         # lists and arrays are index tensors; bool masks become their integer coordinates (this needs
         # the mask's data, so it realizes it: the result's shape depends on it)
         norm: list[Any] = []
-        for it in items:
+        for it, start in zip(items, starts):
             if isinstance(it, (list, np.ndarray)) and not (isinstance(it, list) and len(it) == 0):
-                it = Tensor(np.asarray(it), device=self.device)
+                data = np.asarray(it)
+                if data.dtype.kind in "iu" and start is not None and start < self.ndim:
+                    _check_host_index(data, self.shape[start], start)
+                it = Tensor(data, device=self.device)
+                host_checked.add(id(it))
             elif isinstance(it, list):
                 it = Tensor(np.zeros(0, np.int32), device=self.device)
             if isinstance(it, Tensor) and it.dtype.is_bool:
-                norm.extend(Tensor(c.astype(np.int64), device=self.device) for c in np.nonzero(it.numpy()))
+                first = start if start is not None else 0
+                covered = tuple(self.shape[first:first + it.ndim])
+                if covered != it.shape:
+                    raise IndexError(f"boolean index of shape {it.shape} does not match the indexed "
+                                     f"dimensions {first}..{first + it.ndim - 1} of shape {covered}")
+                coords = [Tensor(c.astype(np.int64), device=self.device) for c in np.nonzero(it.numpy())]
+                host_checked.update(id(c) for c in coords)
+                norm.extend(coords)
                 continue
             if isinstance(it, Tensor) and it.dtype.is_float:
                 raise IndexError(f"index tensors must be int or bool, got {it.dtype}")
@@ -1608,7 +1686,7 @@ class Tensor:
         else:
             norm += [slice(None)] * (self.ndim - consumed)
 
-        plan = _IndexPlan()
+        plan = _IndexPlan(host_checked=host_checked)
         dim = 0
         has_adv = any(isinstance(it, Tensor) for it in norm)
         adv_items: list[int] = []
@@ -1675,6 +1753,28 @@ class Tensor:
             plan.adv_pos = out_dims_before_first_adv if adjacent else None
         return plan, self
 
+    def _index_item_dims(self, items: list[Any]) -> list[int | None]:
+        """The first source dimension each index item applies to (None for None/Ellipsis), so host-known
+        indices and bool masks can be checked against the dimension they index."""
+        def width(it: Any) -> int:
+            if it is None or it is Ellipsis:
+                return 0
+            if isinstance(it, (Tensor, np.ndarray)) and it.dtype in (np.bool_, dtypes.bool):
+                return it.ndim
+            if isinstance(it, list) and it and np.asarray(it).dtype == np.bool_:
+                return np.asarray(it).ndim
+            return 1
+        widths = [width(it) for it in items]
+        ellipsis_extra = max(self.ndim - sum(widths), 0)
+        out: list[int | None] = []
+        dim = 0
+        for it, w in zip(items, widths):
+            if it is Ellipsis:
+                dim += ellipsis_extra
+            out.append(None if it is None or it is Ellipsis else dim)
+            dim += w
+        return out
+
     def _apply_basic(self, plan: _IndexPlan) -> Tensor:
         x = self.shrink(plan.shrink).flip(tuple(i for i, f in enumerate(plan.flip) if f))
         for axis, (step, n) in enumerate(plan.step):
@@ -1713,6 +1813,9 @@ class Tensor:
         indexed address); anything else is a one-hot compare + masked sum (one reduce kernel)."""
         adv_axes = [a for a, _ in plan.advanced]
         idx = [t for _, t in plan.advanced]
+        for a, t in zip(adv_axes, idx):
+            if id(t) not in plan.host_checked:
+                _defer_index_check(t, self.shape[a], "tensor index")
         if adv_axes == [0] and idx[0].dtype.is_int:
             return self._take_rows(idx[0])
         bshape = _broadcast_shapes(*[t.shape for t in idx]) if len(idx) > 1 else idx[0].shape
@@ -1757,6 +1860,7 @@ class Tensor:
             new = self._unindex_mask(plan, v)
         else:
             new = self._scatter_advanced(indices, v)
+            check_pending_indices()  # an out-of-range device index must fail before anything is written
         self.assign(new).realize()
 
     def _unindex_mask(self, plan: _IndexPlan, v: Tensor) -> Tensor:
@@ -1791,6 +1895,7 @@ class Tensor:
             if i != d and a > b:
                 raise ValueError(f"gather: index shape {index.shape} exceeds input {self.shape} at dim {i}")
         n = self.shape[d]
+        _defer_index_check(index, n, "gather")
         x = self.shrink([None if i == d else (0, s) for i, s in enumerate(index.shape)]).transpose(d, -1)
         it = index.transpose(d, -1)
         it = (it < 0).where(it + n, it)
@@ -1808,6 +1913,7 @@ class Tensor:
             raise ValueError(f"embedding weight must be 2-d (num, dim), got shape {weight.shape}")
         if not self.dtype.is_int:
             raise TypeError(f"embedding indices must be integers, got {self.dtype}")
+        _defer_index_check(self, weight.shape[0], "embedding")
         return weight._take_rows(self)
 
     def _take_rows(self, indices: Tensor) -> Tensor:

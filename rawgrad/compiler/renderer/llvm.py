@@ -445,12 +445,38 @@ class _Emitter:
         return emit(f"select i1 {isnan}, float {x}, float {scaled}")
 
     def int_pow(self, dt: DType, a: str, b: str) -> str:
-        """Integer power through double (exact while the result fits in 53 bits), rounded back."""
-        fa = self.cast(a, dt, dtypes.float64)
-        fb = self.cast(b, dt, dtypes.float64)
-        p = self.intrinsic("pow", "double", fa, fb)
-        r = self.intrinsic("round", "double", p)
-        return self.cast(r, dtypes.float64, dt)
+        """Integer power by squaring in the integer type itself, so it wraps like the reference
+        (a trip through double rounded 2**-1 to 1, turned 0**-1 into INT_MIN and lost bits past 2**53).
+        Unrolled over the exponent's bits (straight-line code, so the loop around it still vectorizes);
+        a negative exponent gives 1/a**n truncated toward zero: 1 for a == 1, +-1 for a == -1, else 0."""
+        t = reg_type(dt)
+        bits = dt.itemsize * 8 - (0 if dt.is_unsigned else 1)  # a signed exponent's sign bit: below
+        result, base = "1", a
+        for i in range(bits):
+            shifted, bit, is_set, product, chosen = self.tmp(), self.tmp(), self.tmp(), self.tmp(), self.tmp()
+            self.emit(f"{shifted} = lshr {t} {b}, {i}")
+            self.emit(f"{bit} = and {t} {shifted}, 1")
+            self.emit(f"{is_set} = icmp ne {t} {bit}, 0")
+            self.emit(f"{product} = mul {t} {result}, {base}")
+            self.emit(f"{chosen} = select i1 {is_set}, {t} {product}, {t} {result}")
+            result = chosen
+            if i + 1 < bits:
+                squared = self.tmp()
+                self.emit(f"{squared} = mul {t} {base}, {base}")
+                base = squared
+        if dt.is_unsigned:
+            return result
+        negative, odd_bit, odd, sign, a_is_m1, a_is_1, small, inverse, out = (self.tmp() for _ in range(9))
+        self.emit(f"{negative} = icmp slt {t} {b}, 0")
+        self.emit(f"{odd_bit} = and {t} {b}, 1")
+        self.emit(f"{odd} = icmp ne {t} {odd_bit}, 0")
+        self.emit(f"{sign} = select i1 {odd}, {t} -1, {t} 1")
+        self.emit(f"{a_is_m1} = icmp eq {t} {a}, -1")
+        self.emit(f"{a_is_1} = icmp eq {t} {a}, 1")
+        self.emit(f"{small} = select i1 {a_is_m1}, {t} {sign}, {t} 0")
+        self.emit(f"{inverse} = select i1 {a_is_1}, {t} 1, {t} {small}")
+        self.emit(f"{out} = select i1 {negative}, {t} {inverse}, {t} {result}")
+        return out
 
     def _round(self, v: str, dt: DType) -> str:
         """bfloat16 arithmetic is done in float and rounded after every op, like the hardware type."""
