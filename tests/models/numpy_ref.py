@@ -5,9 +5,9 @@ plain numpy (no KV cache, no rawgrad code). A causal model's logits at position 
 its KV-cached decode steps.
 
 Tolerance for rawgrad's float32 logits against these float64 references: `LOGITS_ATOL` / `LOGITS_RTOL`
-(1e-4 each). The test models have dim 32 and logits of magnitude up to ~10; float32 rounding over their
-dot products (length <= 128) and softmax stays around 1e-5, so 1e-4 leaves a 10x margin while an
-error in any weight, position or cache row moves logits by far more.
+(1e-4 each). The test models have dim 32 and logits up to ~8 in magnitude; measured float32 error, prefill
+and cached decode steps, CPU and mock NV: at most 5.1e-6 (GPT-2 tiny) and 2.1e-6 (LLaMA tiny), so 1e-4
+leaves a ~20x margin, while a wrong weight, position or cache row moves logits by far more.
 """
 from __future__ import annotations
 
