@@ -1,4 +1,5 @@
-"""Saved graphs: save, load in a fresh process without compiling, and refuse bad or untrusted files."""
+"""Saved graphs: save, load in a fresh process without compiling (no compiler of any device runs), replay
+with fresh inputs and changing Variables against numpy, and refuse bad or untrusted files."""
 from __future__ import annotations
 
 import json
@@ -15,16 +16,17 @@ import pytest
 from rawgrad import Device, Tensor, Variable
 from rawgrad.jit import JitError, TinyJit
 from rawgrad.jit.storage import FORMAT_VERSION, GraphFileError
-from rawgrad.tensor.buffers import buffer_numpy
+from rawgrad.tensor.buffers import device_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 W = np.linspace(-1, 1, 8, dtype=np.float32)
+RTOL, ATOL = 1e-5, 1e-6  # float32 results against float64 numpy
 
 
-def fn(x: Tensor, n: Any, scale: float = 2.0) -> tuple[Tensor, Tensor]:
+def fn(x: Tensor, n: Any, scale: float = 2.0) -> tuple[Tensor, Tensor, Tensor]:
     w = _weights()
     y = (x * w + 1).relu()
-    return y * scale, (y + w).shrink(((0, n),)) - 1
+    return y * scale, (y + w).shrink(((0, n),)) - 1, (y * w).shrink(((0, n),)).sum()
 
 
 _W: list[Tensor] = []
@@ -40,11 +42,42 @@ def make_jit() -> TinyJit[Any]:
     return TinyJit(fn)
 
 
-def expected(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """What the eager (unjitted) function computes: replays must match it bit for bit."""
-    a, b = fn(Tensor(x), Variable("n", 1, 8).bind(n))
-    b.realize()
-    return a.numpy(), buffer_numpy(b.uop.base)[:n]
+def reference(x: np.ndarray, n: int, scale: float = 2.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `fn` computes, in numpy (float64) from the same float32 input: the oracle for every replay."""
+    w = W.astype(np.float64)
+    y = np.maximum(np.asarray(x, np.float64) * w + 1, 0)
+    return y * scale, (y + w)[:n] - 1, np.array((y * w)[:n].sum())
+
+
+def check(got: tuple[Any, ...], x: np.ndarray, n: int, scale: float = 2.0) -> None:
+    """The three outputs of one call (Tensors or lists) against numpy, shapes included."""
+    for k, (g, want) in enumerate(zip(got, reference(x, n, scale), strict=True)):
+        g = g.numpy() if isinstance(g, Tensor) else np.asarray(g, np.float32)
+        assert g.shape == want.shape, (k, g.shape, want.shape)
+        np.testing.assert_allclose(g, want, rtol=RTOL, atol=ATOL, err_msg=f"output {k}, n={n}")
+
+
+def fresh_input(kind: int, rng: np.random.Generator, realize: bool = False) -> tuple[Tensor, np.ndarray]:
+    """A new (8,) input Tensor made by a different op per kind (so a new buffer each call, written by a
+    different kernel or copy), and its values in numpy. Unrealized, the call itself realizes it;
+    `realize=True` runs those kernels now (before a count of compiles starts)."""
+    if kind == 0:  # straight from numpy
+        x = rng.standard_normal(8).astype(np.float32)
+        t, xn = Tensor(x), x
+    elif kind == 1:  # a lazy expression
+        a, c = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+        t, xn = Tensor(a) * 2 + Tensor(c), a * np.float32(2) + c
+    elif kind == 2:  # a slice at an offset into a bigger buffer
+        big = rng.standard_normal(20).astype(np.float32)
+        t, xn = Tensor(big).realize()[5:13], big[5:13]
+    else:  # a transposed view, flattened
+        m = rng.standard_normal((4, 2)).astype(np.float32)
+        t, xn = Tensor(m).T.reshape(8), m.T.reshape(8)
+    return (t.contiguous().realize() if realize else t), xn
+
+
+def address(t: Tensor) -> int:
+    return int(device_memory(t.uop.base).address)
 
 
 @pytest.fixture
@@ -57,44 +90,108 @@ def saved(tmp_path: Path) -> Path:
     return path
 
 
-CHILD = r"""
-import sys, numpy as np
-from rawgrad import Device, Tensor, Variable
-from rawgrad.compiler.toolchain import LLVMCompiler
-from rawgrad.tensor.buffers import buffer_numpy
-Device["CPU"]  # the command processor itself may compile; the graph must not
-LLVMCompiler.stats.reset()
+# Counts every compiler in the child: rawgrad's own counters (rawgrad.compiler.total_compiles: kernels
+# through the realize loop, LLVM, NV) and, not trusting those, a wrapper around each renderer and each
+# compiler entry point (LLVM IR and PTX lowering/rendering, LLVM compile and codegen, NVCompiler.compile
+# (ptxas, nvJitLink or a PTX-only image), ptxas itself). Devices are opened first: opening the CPU device
+# builds its command processor, which is not the graph's doing.
+WATCH = r"""
+import collections, sys
+from rawgrad import Device
+from rawgrad.compiler import total_compiles
+from rawgrad.compiler import toolchain
+from rawgrad.compiler.renderer import llvm as llvm_renderer, ptx as ptx_renderer
+from rawgrad.drivers.nv import cubin
+CALLS = collections.Counter()
+
+def watch(cls, name, label):
+    original = getattr(cls, name)
+    def counted(*a, **k):
+        CALLS[label] += 1
+        return original(*a, **k)
+    setattr(cls, name, counted)
+
+for cls, label in [(llvm_renderer.LLVMRenderer, "llvm"), (ptx_renderer.PTXRenderer, "ptx")]:
+    watch(cls, "lower", label + " lower")
+    watch(cls, "render", label + " render")
+watch(toolchain.LLVMCompiler, "compile", "llvm compile")
+watch(toolchain.LLVMCompiler, "_codegen", "llvm codegen")
+watch(cubin.NVCompiler, "compile", "nv compile")  # ptxas, nvJitLink, or a PTX-only image
+watch(cubin.PTXAssembler, "assemble", "ptxas")
+Device["CPU"], Device[Device.DEFAULT]
+
+def snapshot():
+    return collections.Counter(CALLS), total_compiles()
+
+def since(snap):
+    calls, total = snap
+    return {"calls": dict(CALLS - calls), "compiles": total_compiles() - total}
+"""
+
+CHILD = WATCH + r"""
+import json
+import numpy as np
+from rawgrad import Tensor, Variable
 from rawgrad.jit import TinyJit
+sys.path.insert(0, sys.argv[2])
+from test_jit_storage import address, fresh_input
+rng = np.random.default_rng(7)
+ns = (2, 8, 5, 1, 7, 3, 6, 4)  # every n different
+inputs = [fresh_input(i % 4, rng, realize=True) for i in range(len(ns))]  # each kind, its own buffer
+start = snapshot()
 g = TinyJit.load(sys.argv[1])
 out = []
-for i, n in enumerate((2, 8, 5)):
-    x = np.arange(8, dtype=np.float32) * (i + 1) - 3
-    a, b = g(Tensor(x), Variable("n", 1, 8).bind(n), scale=2.0)
-    out.append((x.tolist(), n, a.numpy().tolist(), buffer_numpy(b.uop.base)[:n].tolist()))
-assert LLVMCompiler.stats.compiles == 0, LLVMCompiler.stats
-assert LLVMCompiler.stats.cache_hits == 0, LLVMCompiler.stats
-print(repr(out))
+for (t, x), n in zip(inputs, ns):
+    a, b, c = g(t, Variable("n", 1, 8).bind(n), scale=2.0)
+    out.append({"x": x.tolist(), "n": n, "address": address(t),
+                "got": [a.numpy().tolist(), b.numpy().tolist(), c.numpy().tolist()]})
+loaded = {**since(start), "replays": g.replays}
+# the control: a new kernel on this device is seen by both counts (they are not blind to this device)
+start = snapshot()
+(Tensor(np.arange(5, dtype=np.float32)) * 1.75 - 0.5).numpy()
+control = since(start)
+print(json.dumps({"device": Device.DEFAULT, "loaded": loaded, "control": control, "out": out}))
 """
 
 
-def test_load_replays_in_a_fresh_process_without_compiling(saved: Path, tmp_path: Path) -> None:
+def run_child(code: str, *args: str, tmp_path: Path) -> dict[str, Any]:
+    """Run `code` in a fresh Python on this process's device (DEV and NV_MOCK are inherited) with an
+    empty compile cache; returns the JSON it prints last."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAWGRAD_CACHE_DIR": str(tmp_path / "empty-cache")}
-    res = subprocess.run([sys.executable, "-c", CHILD, str(saved)], capture_output=True, text=True,
-                         env=env, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr
-    for x, n, a, b in eval(res.stdout.strip().splitlines()[-1]):
-        ea, eb = expected(np.array(x, np.float32), n)
-        np.testing.assert_array_equal(np.array(a, np.float32), ea)
-        np.testing.assert_array_equal(np.array(b, np.float32), eb)
+    got: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["device"] == Device.DEFAULT  # the child ran on the device under test
+    return got
 
 
-def test_load_in_process_and_guards_survive(saved: Path) -> None:
+def renders_of_this_device() -> str:
+    return "ptx render" if Device[Device.DEFAULT].renderer.language == "ptx" else "llvm render"
+
+
+def test_load_replays_in_a_fresh_process_without_compiling(saved: Path, tmp_path: Path) -> None:
+    got = run_child(CHILD, str(saved), str(Path(__file__).parent), tmp_path=tmp_path)
+    loaded, control = got["loaded"], got["control"]
+    assert loaded["replays"] == len(got["out"])
+    assert loaded["calls"] == {} and loaded["compiles"] == 0, loaded  # no compiler ran, of any device
+    assert control["calls"].get(renders_of_this_device(), 0) >= 1 and control["compiles"] >= 1, control
+    assert len({o["address"] for o in got["out"]}) == len(got["out"])  # a new input address every call
+    for o in got["out"]:
+        check(tuple(o["got"]), np.array(o["x"], np.float32), o["n"])
+
+
+def test_load_in_process_replays_fresh_inputs_and_guards_survive(saved: Path) -> None:
     g = TinyJit.load(str(saved))
+    rng = np.random.default_rng(3)
+    keep, addresses = [], set()
+    for i, n in enumerate((6, 1, 8, 4, 2)):
+        t, x = fresh_input(i % 4, rng)
+        check(g(t, Variable("n", 1, 8).bind(n), scale=2.0), x, n)
+        keep.append(t)
+        addresses.add(address(t))
+    assert len(addresses) == 5 and g.replays == 5
     x = np.arange(8, dtype=np.float32)
-    a, b = g(Tensor(x), Variable("n", 1, 8).bind(6), scale=2.0)
-    ea, eb = expected(x, 6)
-    np.testing.assert_array_equal(a.numpy(), ea)
-    np.testing.assert_array_equal(buffer_numpy(b.uop.base)[:6], eb)
     with pytest.raises(JitError, match=r"has shape \(9,\) \(captured with \(8,\)\).*cannot capture again"):
         g(Tensor(np.zeros(9, np.float32)), Variable("n", 1, 8).bind(2), scale=2.0)
     with pytest.raises(JitError, match="is 3.0 but the capture was made with 2.0"):
@@ -150,9 +247,8 @@ def test_untrusted_file_is_refused_unless_allowed(saved: Path) -> None:
     with pytest.raises(GraphFileError, match="writable by group or others"):
         TinyJit.load(str(saved))
     g = TinyJit.load(str(saved), allow_untrusted=True)
-    x = np.ones(8, np.float32)
-    got = g(Tensor(x), Variable("n", 1, 8).bind(1), scale=2.0)[0].numpy()
-    np.testing.assert_array_equal(got, expected(x, 1)[0])
+    x = np.linspace(-2, 2, 8, dtype=np.float32)
+    check(g(Tensor(x), Variable("n", 1, 8).bind(1), scale=2.0), x, 1)
 
 
 def test_save_before_capture_and_unsavable_constant(tmp_path: Path) -> None:
@@ -170,12 +266,17 @@ def copy_fn(x: Tensor) -> Tensor:
     return (y.clone() * 2).realize()  # a same-device copy inside the graph (NV: the copy kernel)
 
 
-COPY_CHILD = r"""
-import sys, numpy as np
+COPY_CHILD = WATCH + r"""
+import json
+import numpy as np
 from rawgrad import Tensor
 from rawgrad.jit import TinyJit
+xs = [np.arange(37, dtype=np.float32) * k for k in (1, 3)]
+inputs = [Tensor(xs[0]), Tensor(xs[1][::-1].copy()).flip(0).contiguous().realize()]  # the second by a kernel
+start = snapshot()
 g = TinyJit.load(sys.argv[1])
-print(repr([g(Tensor(np.arange(37, dtype=np.float32) * k)).numpy().tolist() for k in (1, 3)]))
+rows = [g(t).numpy().tolist() for t in inputs]
+print(json.dumps({"device": Device.DEFAULT, **since(start), "rows": rows}))
 """
 
 
@@ -190,9 +291,7 @@ def test_graph_with_a_same_device_copy_replays_and_saves(tmp_path: Path) -> None
         assert any(launch.entry == "rawgrad_copy" for launch in dev.mock.gpu.launches)
     path = tmp_path / "copy.rgjit"
     f.save(str(path))
-    res = subprocess.run([sys.executable, "-c", COPY_CHILD, str(path)], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert res.returncode == 0, res.stderr
-    got = eval(res.stdout.strip().splitlines()[-1])
-    for k, row in zip((1, 3), got, strict=True):
+    got = run_child(COPY_CHILD, str(path), tmp_path=tmp_path)
+    assert got["calls"] == {} and got["compiles"] == 0, got  # the copy kernel came from the file too
+    for k, row in zip((1, 3), got["rows"], strict=True):
         np.testing.assert_array_equal(row, (np.arange(37, dtype=np.float32) * k + 1) * 2)
