@@ -23,6 +23,8 @@ from rawgrad.compiler.view import ShapeTracker
 from rawgrad.dtype import dtypes
 from rawgrad.tensor.buffers import new_buffer, writable_view
 
+DEPTH_CUT = 1000  # graph levels per kernel walk at most (each level is a few Python frames)
+
 
 @dataclass
 class ScheduleItem:
@@ -104,21 +106,29 @@ class _Scheduler:
             for s in node.src:
                 self.consumers[s] = self.consumers.get(s, 0) + 1
         self.forced: set[UOp] = set()
+        self.depth_cuts: list[UOp] = []  # deep computed nodes stored first, bottom up (see _mark_forced)
         self._memory_cache: dict[UOp, bool] = {}
         self._mark_forced(outs)
 
     # ------------------------------------------------------------------ what must be stored
     def _reads_memory(self, u: UOp) -> bool:
-        """Does computing `u` read a buffer or reduce (so recomputing it per broadcast copy costs)?"""
-        hit = self._memory_cache.get(u)
-        if hit is None:
-            hit = u.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.COPY, Ops.ASSIGN, Ops.CONTIGUOUS, Ops.GATHER) or \
-                any(self._reads_memory(s) for s in u.src)
-            self._memory_cache[u] = hit
-        return hit
+        """Does computing `u` read a buffer or reduce (so recomputing it per broadcast copy costs)?
+        Filled for every node in _mark_forced, sources first, so no recursion on deep graphs."""
+        return self._memory_cache[u]
 
     def _mark_forced(self, outs: list[UOp]) -> None:
+        depth: dict[UOp, int] = {}
         for node in UOp(Ops.SINK, None, tuple(outs)).toposort():
+            self._memory_cache[node] = node.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.COPY, Ops.ASSIGN,
+                                                   Ops.CONTIGUOUS, Ops.GATHER) or \
+                any(self._memory_cache[s] for s in node.src)
+            depth[node] = 1 + max((depth[s] for s in node.src), default=0)
+            if depth[node] % DEPTH_CUT == 0 and (node.op in ALU or node.op is Ops.CAST):
+                # building a kernel walks its graph recursively: a chain of 50,000 adds would overflow
+                # Python's stack. Every DEPTH_CUT levels the value is stored, and those stores are
+                # scheduled first, bottom up, so no kernel's walk is deeper than DEPTH_CUT.
+                self.forced.add(node)
+                self.depth_cuts.append(node)
             if node.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY):
                 self.forced.add(node)
             if node.op is Ops.REDUCE_AXIS and self.consumers.get(node, 0) > 1:
@@ -132,6 +142,8 @@ class _Scheduler:
 
     # ------------------------------------------------------------------ entry
     def schedule(self, outs: list[UOp]) -> list[UOp]:
+        for node in self.depth_cuts:  # toposort order: every cut below a cut is stored before it
+            self.realize_node(node)
         results = []
         for out in outs:
             buf = _contiguous_buffer_view(out)

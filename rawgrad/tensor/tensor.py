@@ -137,14 +137,39 @@ def _prod(xs: Sequence[Any]) -> Any:
     return out
 
 
-def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+MAX_NUMEL = 2 ** 63 - 1  # element indices are int64 in every kernel
+
+
+def _dim(s: Any, what: str, allow_minus_one: bool = False) -> Any:
+    """One size the user passed: an int >= 0 (or -1 where it means "infer"/"keep") or a symbolic size.
+    Checked where the user passes it, so a float or a negative size fails here with its name, not later
+    inside the scheduler or the allocator."""
+    if isinstance(s, UOp):
+        return s
+    if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+        raise TypeError(f"{what}: sizes must be integers, got {s!r} ({type(s).__name__})")
+    s = int(s)
+    if s < 0 and not (allow_minus_one and s == -1):
+        raise ValueError(f"{what}: negative size {s}")
+    return s
+
+
+def _check_numel(shape: tuple[Any, ...], what: str) -> None:
+    n = 1
+    for d in shape:
+        if isinstance(d, int):
+            n *= d
+    if n > MAX_NUMEL:
+        raise ValueError(f"{what}: shape {shape} has {n} elements, more than an int64 index addresses")
+
+
+def _shape_arg(shape: tuple[Any, ...], what: str = "shape") -> tuple[int, ...]:
     """Accept f(2, 3) and f((2, 3)) alike, as torch and tinygrad do."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    for s in shape:
-        if isinstance(s, (int, np.integer)) and s < 0:
-            raise ValueError(f"negative dimension in shape {tuple(shape)}")
-    return tuple(int(s) if isinstance(s, np.integer) else s for s in shape)
+    out = tuple(_dim(s, f"{what} {tuple(shape)}") for s in shape)
+    _check_numel(out, what)
+    return out
 
 
 def _broadcast_shapes(*shapes: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -160,13 +185,16 @@ def _broadcast_shapes(*shapes: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _to_tuple(x: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
-    if isinstance(x, int):
-        return (x,) * n
-    t = tuple(x)
+def _to_tuple(x: int | Sequence[int], n: int, what: str, positive: bool = False) -> tuple[int, ...]:
+    t = (x,) * n if isinstance(x, (int, np.integer)) else tuple(x)
     if len(t) != n:
         raise ValueError(f"{what} needs 1 or {n} values, got {t}")
-    return t
+    for v in t:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{what} must be integers, got {x!r}")
+        if positive and v < 1:
+            raise ValueError(f"{what} must be >= 1, got {x!r}")
+    return tuple(int(v) for v in t)
 
 
 def _np_to_host(arr: np.ndarray, dt: DType) -> np.ndarray:
@@ -388,6 +416,8 @@ class Tensor:
     def _axes(self, axis: Axis) -> tuple[int, ...]:
         if axis is None:
             return tuple(range(self.ndim))
+        if not isinstance(axis, (int, np.integer, tuple, list)):
+            raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
         axs = [self._axis(a) for a in ((axis,) if isinstance(axis, (int, np.integer)) else axis)]
         if len(set(axs)) != len(axs):
             raise ValueError(f"axis {axis} repeats a dimension")
@@ -508,7 +538,8 @@ class Tensor:
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None,
             device: str | None = None) -> Tensor:
-        m = n if m is None else m
+        n = _dim(n, "eye(n)")
+        m = n if m is None else _dim(m, "eye(m)")
         rows = Tensor.arange(n, device=device).reshape(n, 1)
         return (rows == Tensor.arange(m, device=device).reshape(1, m)).cast(to_dtype(dtype))
 
@@ -1418,6 +1449,7 @@ class Tensor:
     # ------------------------------------------------------------------ movement
     def reshape(self, *shape: Any) -> Tensor:
         shp = list(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else list(shape)
+        shp = [_dim(s, f"reshape {tuple(shp)}", allow_minus_one=True) for s in shp]
         n = self.numel()
         if shp.count(-1) > 1:
             raise ValueError(f"reshape {tuple(shp)}: only one dimension can be -1")
@@ -1458,10 +1490,14 @@ class Tensor:
 
     def expand(self, *shape: Any) -> Tensor:
         shp = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shp = tuple(_dim(s, f"expand {self.shape} to {shp}", allow_minus_one=True) for s in shp)
         if len(shp) < self.ndim:
             raise ValueError(f"cannot expand {self.shape} to {shp}: fewer dims")
         x = self.reshape((1,) * (len(shp) - self.ndim) + self.shape) if len(shp) > self.ndim else self
-        new = tuple(x.shape[i] if s == -1 else s for i, s in enumerate(shp))
+        new = tuple(x.shape[i] if isinstance(s, int) and s == -1 else s for i, s in enumerate(shp))
+        if any(isinstance(s, int) and s == -1 for s in shp[:len(shp) - self.ndim]):
+            raise ValueError(f"cannot expand {self.shape} to {shp}: -1 is only allowed for existing dims")
+        _check_numel(new, "expand")
         for old, s in zip(x.shape, new):
             if old != s and old != 1:
                 raise ValueError(f"cannot expand {self.shape} to {shp}")
@@ -1567,6 +1603,7 @@ class Tensor:
     def repeat(self, *repeats: Any) -> Tensor:
         """Tile the tensor (torch's repeat; numpy's tile)."""
         reps = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else repeats
+        reps = tuple(_dim(r, f"repeat {reps}") for r in reps)
         if len(reps) < self.ndim:
             raise ValueError(f"repeat {reps} needs at least {self.ndim} values for shape {self.shape}")
         base = (1,) * (len(reps) - self.ndim) + self.shape
@@ -2082,6 +2119,8 @@ class Tensor:
                dilation: Any = 1, padding: Any = 0) -> Tensor:
         """Convolution (cross-correlation, as torch) over the last weight.ndim - 2 dims; tinygrad's
         argument order. x: (N, Cin, *spatial), weight: (Cout, Cin // groups, *kernel)."""
+        if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
+            raise ValueError(f"conv: groups must be a positive int, got {groups!r}")
         nd = weight.ndim - 2
         if nd < 1 or self.ndim != nd + 2:
             raise ValueError(f"conv: input {self.shape} and weight {weight.shape} need (N, C, *spatial) and "
@@ -2092,7 +2131,8 @@ class Tensor:
         if cin != cin_g * groups or cout % groups:
             raise ValueError(f"conv: input {self.shape} has {cin} channels; weight {weight.shape} with "
                              f"groups={groups} expects {cin_g * groups} (and Cout divisible by groups)")
-        st, dl = _to_tuple(stride, nd, "stride"), _to_tuple(dilation, nd, "dilation")
+        st = _to_tuple(stride, nd, "stride", positive=True)
+        dl = _to_tuple(dilation, nd, "dilation", positive=True)
         pads = Tensor._resolve_padding(padding, kernel, dl, st)
         dt = promote_types(self.dtype, weight.dtype)
         x = self.cast(dt).pad([(0, 0), (0, 0)] + pads)._pool(kernel, st, dl)  # (N, Cin, *out, *kernel)
