@@ -26,15 +26,18 @@ in `.b64`. float16 and bfloat16 are loaded, converted to float32 for math, and r
 type after every operation (as the LLVM renderer does for bfloat16), float64 is native.
 
 Precision of the math instructions (the PTX ISA's bounds for the approximate forms):
-- EXP2: `ex2.approx.f32` (max relative error about 2**-22 on hardware; not exactly rounded);
-- LOG2: `lg2.approx.f32` (max absolute error about 2**-22 for the mantissa);
-- SIN: `sin.approx.f32` (max absolute error about 2**-21 in [-100 pi, 100 pi], worse outside);
+- EXP2: `ex2.approx.f32` (at most 2 ulp from the correctly rounded result, PTX ISA 9.7.3.21);
+- LOG2: `lg2.approx.f32` (absolute error 2**-22 for inputs in (0.5, 2), relative 2**-22 elsewhere, 9.7.3.20);
+- float32 SIN: the float64 routine below, rounded once to float32, not `sin.approx.f32`: that one is bounded
+  only by 2**-20.5 absolute in [-2 pi, 2 pi] and 2**-14.7 in [-100 pi, 100 pi], with no bound beyond
+  (9.7.3.18), which loses small sines' relative accuracy and large arguments (positions) altogether;
 - SQRT `sqrt.rn`, RECIP `rcp.rn`, FDIV `div.rn`: IEEE round-to-nearest, exact like the CPU;
 - float64 EXP2/LOG2/SIN: PTX has no float64 forms, so they are branch-free double-precision routines
   built from IEEE-exact operations (range reduction + polynomials; within 1-2 ulp in the tests, SIN for
   |x| up to ~1e9), identical on hardware and in the mock interpreter;
-- POW is exp2(y * log2|x|) (float32 approximations, or the float64 routines for float64) with the sign and
-  special cases of C's pow (x < 0 with a non-integer y is NaN, y == 0 or x == 1 gives 1).
+- POW is exp2(y * log2|x|) through the float64 routines (float32 operands widened, the result rounded once),
+  with the sign and special cases of C's pow (x < 0 with a non-integer y is NaN, y == 0 or x == 1 gives 1):
+  with `lg2.approx.f32` the exponent's error, up to |y log2 x| * 2**-22, would reach the result.
 Integer division by zero gives 0 and INT_MIN / -1 wraps (guarded, as the LLVM renderer does).
 """
 from __future__ import annotations
@@ -711,8 +714,11 @@ class _Emitter:
             return self.op(cls, f"rcp.rn.{t} {{d}}, {x}")
         if op is Ops.TRUNC:
             return self.op(cls, f"cvt.rzi.{t}.{t} {{d}}, {x}")
-        name = {Ops.EXP2: "ex2", Ops.LOG2: "lg2", Ops.SIN: "sin"}[op]
-        if t == "f32":
+        if op is Ops.SIN and t == "f32":  # sin.approx.f32 is too coarse (module docstring)
+            wide = self.op("f64", f"cvt.f64.f32 {{d}}, {x}")
+            return self.op(cls, f"cvt.rn.f32.f64 {{d}}, {self.sin_f64(wide)}")
+        name = {Ops.EXP2: "ex2", Ops.LOG2: "lg2"}.get(op)
+        if t == "f32" and name is not None:
             return self.op(cls, f"{name}.approx.f32 {{d}}, {x}")
         # float64: PTX has no f64 forms of these; straight-line double-precision routines instead
         return {Ops.EXP2: self.exp2_f64, Ops.LOG2: self.log2_f64, Ops.SIN: self.sin_f64}[op](x)
@@ -821,15 +827,18 @@ class _Emitter:
         return self.op("f64", f"selp.f64 {{d}}, {neg_v}, {v}, {negate}")
 
     def float_pow(self, sdt: DType, x: str, y: str) -> str:
-        """C's pow through exp2(y * log2|x|), with its sign and special cases (module docstring); float64
-        uses the double-precision exp2/log2 routines."""
+        """C's pow through exp2(y * log2|x|), with its sign and special cases (module docstring), in float64
+        with the double-precision exp2/log2 routines; float32 operands are widened and the result rounded."""
         t = op_type(sdt)
-        fdt = dtypes.float64 if t == "f64" else dtypes.float32
+        if t == "f32":
+            wx = self.op("f64", f"cvt.f64.f32 {{d}}, {x}")
+            wy = self.op("f64", f"cvt.f64.f32 {{d}}, {y}")
+            return self.op("f32", f"cvt.rn.f32.f64 {{d}}, {self.float_pow(dtypes.float64, wx, wy)}")
+        fdt = dtypes.float64
         one, half, zero = self.const(1.0, fdt), self.const(0.5, fdt), self.const(0.0, fdt)
         ax = self.op(t, f"abs.{t} {{d}}, {x}")
-        lg = self.log2_f64(ax) if t == "f64" else self.op(t, f"lg2.approx.f32 {{d}}, {ax}")
-        prod_ = self.op(t, f"mul.{t} {{d}}, {lg}, {y}")
-        mag = self.exp2_f64(prod_) if t == "f64" else self.op(t, f"ex2.approx.f32 {{d}}, {prod_}")
+        prod_ = self.op(t, f"mul.{t} {{d}}, {self.log2_f64(ax)}, {y}")
+        mag = self.exp2_f64(prod_)
         y_int = self.op(t, f"cvt.rzi.{t}.{t} {{d}}, {y}")
         is_int = self.op("pred", f"setp.eq.{t} {{d}}, {y_int}, {y}")
         y_half = self.op(t, f"mul.{t} {{d}}, {y}, {half}")
