@@ -9,6 +9,27 @@ barrier, else PTXError (hardware would hang or be undefined). `shfl.sync.bfly` l
 the warp at the instruction, with the full membermask. A launch that runs more than `max_steps`
 steps (one step = one instruction for the lanes at one pc) raises PTXError.
 
+Adversarial scheduling (`PTXModule(..., adversarial=True)` or `launch(..., adversarial=True)`; the default is
+the env var PTX_ADVERSARIAL=1, which CI sets): lockstep lanes would make a missing or misplaced `bar.sync`
+harmless, so in this mode the warps of a block (a warp = 32 consecutive linear thread ids) run one at a time
+between barriers: in barrier epoch e (the code between two completed barriers of the block), in the order
+`warp_order(nwarps, e, seed)`: the last warp first, down to warp 0, rotated left by (e + seed) % nwarps, so
+each epoch starts with another warp. A warp runs until each of its threads waits at a `bar.sync` or has
+exited; when every warp has, the barrier completes (all live threads of the block must wait at the same
+`bar.sync`, else PTXError). The blocks of a batch are independent and run the same warp position together.
+Kernels with neither `bar.sync` nor shared memory run in lockstep as before (no order to vary). Lanes of one
+warp still run together (the SIMT model; `shfl.sync` stays whole-warp). Limitation: sm_70+ has independent
+thread scheduling, so on hardware the lanes of a warp may also interleave between reconvergence points;
+intra-warp exchanges through shared memory without `__syncwarp` (`bar.warp.sync`) are not reported.
+
+Race detector (always on for kernels with shared memory, in both modes; it costs little: per byte of shared
+memory the writer warp and a reader bit per warp, reset when a barrier completes): within one barrier epoch
+of a block, a read of bytes another warp wrote, or a write to bytes another warp read or wrote, raises
+PTXError "<kernel>: line N: '<instr>': shared-memory race in block B: warp W reads/writes K bytes at shared
+address A and warp V wrote/read byte A' at line M in the same barrier epoch, without bar.sync between". The
+set of accesses in an epoch does not depend on the order warps run in, so lockstep runs report the same
+races; adversarial order also makes the racing values wrong, as they could be on hardware.
+
 Memory: `.global` goes through a `GlobalMemory` (the mock GPU's address space); `.shared` is one byte
 array per block, `.local` one per thread, `.param` the launch's parameter buffer. Generic addresses of
 shared and local memory (from `cvta.shared`/`cvta.local`) live in windows at `GENERIC_SHARED_BASE` and
@@ -16,17 +37,30 @@ shared and local memory (from `cvta.shared`/`cvta.local`) live in windows at `GE
 addresses equal global ones). Accesses must be aligned to their size (PTXError otherwise). The
 interpreter asks `GlobalMemory.load` for unsigned integers of the access width (uint8/16/32/64) and
 passes `store` values of those types, so a memory only moves bytes; faults it raises propagate unchanged.
+Races through global memory are not detected.
 
-Numerics: integer ops wrap; float ops round to their type (numpy); the approximate instructions (ex2,
-lg2, sin, cos, tanh, rsqrt, rcp.approx, div.approx) return the exactly rounded value, which is within the
-bounds the ISA promises for them. `.ftz` is accepted and ignored (subnormals are kept); cvt from integer
-to float honours only round-to-nearest (other modes round to nearest too); float-to-float cvt honours
-.rn/.rz/.rm/.rp. Integer division by zero gives all ones (hardware leaves it unspecified).
+Numerics: integer ops wrap; exact float ops round to their type (numpy). The approximate float32
+instructions return a result off by the full error bound the PTX ISA documents (section 9.7.3), in a
+direction given by a hash of the input bits (so both signs occur and results are not exactly rounded):
+ex2.approx 2 ulp from the correctly rounded result; lg2.approx 2^-22 absolute for inputs in (0.5, 2), 2^-22
+relative elsewhere; sin/cos.approx 2^-20.5 absolute in [-2pi, 2pi], 2^-14.7 in [-100pi, 100pi] (results kept
+in [-1, 1]); beyond that the ISA gives no bound: the interpreter records a line in `PTXModule.warnings` and
+models a float32 argument reduction (error about |x| * 2^-22); tanh.approx 2^-11 relative; rsqrt.approx
+2^-22.9 relative; sqrt.approx 2^-23 relative; rcp.approx 1 ulp; div.approx 2 ulp for |b| in [2^-126, 2^126]
+and a sign-preserving zero (NaN for infinite a) for larger |b|; div.full 2 ulp. The ISA's tables of special
+inputs (zeros, infinities, NaN) are exact. The .f64 approximations (rcp/rsqrt.approx.f64) are exactly
+rounded; ex2/lg2/sin/cos/tanh need `.approx` and have no .f64 form (PTXError). `.ftz` on a float32 instruction
+(arithmetic, min/max, the approximations, setp, cvt with a float32 source or destination) flushes subnormal
+inputs and results to zero of the same sign; without it subnormals are kept; .ftz on other types is
+ignored. cvt from integer to float honours only round-to-nearest (other modes round to nearest too);
+float-to-float cvt honours .rn/.rz/.rm/.rp. Integer division by zero gives all ones (hardware leaves it
+unspecified).
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -211,8 +245,12 @@ class _State:
     """Registers, memories and thread ids of the lanes of one batch of blocks."""
 
     def __init__(self, entry: Entry, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 first_block: int, nblocks: int, params: np.ndarray, memory: GlobalMemory):
+                 first_block: int, nblocks: int, params: np.ndarray, memory: GlobalMemory,
+                 notes: list[str] | None = None):
         self.entry = entry
+        self.notes = notes if notes is not None else []
+        self.first_block = first_block
+        self.line = 0  # source line of the instruction running now (the race detector records it)
         self.memory = memory
         self.params = params
         nthreads = block[0] * block[1] * block[2]
@@ -233,11 +271,73 @@ class _State:
         self.specials["%laneid"] = (t % WARP_SIZE).astype(np.uint32)
         self.specials["%warpid"] = (t // WARP_SIZE).astype(np.uint32)
         self.specials["%nwarpid"] = np.uint32(-(-nthreads // WARP_SIZE))
+        self.warp_in_block = t // WARP_SIZE  # a warp is 32 consecutive linear thread ids of a block
         self.regs: dict[str, np.ndarray] = {}
         for name, (kind, bits) in entry.regs.items():
             self.regs[name] = np.zeros(self.nlanes, np.bool_ if kind == "pred" else _U[max(bits, 8)])
         self.shared = np.zeros((nblocks, entry.shared_size), np.uint8)
         self.local = np.zeros((self.nlanes, entry.local_size), np.uint8)
+        self.races = _RaceTracker(nblocks, entry.shared_size) if entry.shared_size else None
+
+    def note(self, instr: Instr, message: str) -> None:
+        """Record a warning about an instruction (once per kernel and line) in the module's list."""
+        head = f"{self.entry.name}: line {instr.line}: "
+        if not any(n.startswith(head) for n in self.notes):
+            self.notes.append(f"{head}{instr.text!r}: {message}")
+
+
+class _RaceTracker:
+    """Shared-memory accesses of the current barrier epoch of each block, per byte: the warp that wrote it
+    (-1: none), the warps that read it (a bit per warp; at most 32 warps in a block) and the lines."""
+
+    def __init__(self, nblocks: int, size: int):
+        self.writer = np.full((nblocks, size), -1, np.int16)
+        self.wline = np.zeros((nblocks, size), np.int32)
+        self.readers = np.zeros((nblocks, size), np.uint32)
+        self.rline = np.zeros((nblocks, size), np.int32)
+
+    def new_epoch(self, blocks: Any) -> None:
+        """A bar.sync completed for `blocks` (row indices or a slice): their accesses are ordered now."""
+        self.writer[blocks] = -1
+        self.readers[blocks] = 0
+
+    def access(self, st: _State, rows: np.ndarray, cols: np.ndarray, warps: np.ndarray, store: bool) -> None:
+        """Check then record one instruction's accesses: lane k touches bytes cols[k] of block rows[k]."""
+        r = rows[:, None]
+        w = warps[:, None].astype(np.int16)
+        bit = (np.uint32(1) << warps.astype(np.uint32))[:, None]
+        wrote = self.writer[r, cols]
+        clash = (wrote >= 0) & (wrote != w)
+        if clash.any():
+            self._report(st, rows, cols, warps, clash, wrote, self.wline, store, "wrote")
+        if store:
+            read = self.readers[r, cols] & ~bit
+            if read.any():
+                other = _lowest_bit(read)
+                self._report(st, rows, cols, warps, read != 0, other, self.rline, store, "read")
+            self.writer[r, cols] = w
+            self.wline[r, cols] = st.line
+            twice = self.writer[r, cols] != w  # two warps wrote the same bytes in this one instruction
+            if twice.any():
+                self._report(st, rows, cols, warps, twice, self.writer[r, cols], self.wline, store, "wrote")
+        else:
+            shape = cols.shape
+            np.bitwise_or.at(self.readers, (np.broadcast_to(r, shape), cols), np.broadcast_to(bit, shape))
+            self.rline[r, cols] = st.line
+
+    def _report(self, st: _State, rows: np.ndarray, cols: np.ndarray, warps: np.ndarray, bad: np.ndarray,
+                other: np.ndarray, lines: np.ndarray, store: bool, did: str) -> None:
+        k, byte = (int(x[0]) for x in np.nonzero(bad))
+        block, addr, at = int(rows[k]), int(cols[k, 0]), int(cols[k, byte])
+        raise _Fault(f"shared-memory race in block {st.first_block + block}: warp {int(warps[k])} "
+                     f"{'writes' if store else 'reads'} {cols.shape[1]} bytes at shared address {addr:#x} "
+                     f"and warp {int(other[k, byte])} {did} byte {at:#x} at line {int(lines[block, at])} in "
+                     "the same barrier epoch, without bar.sync between")
+
+
+def _lowest_bit(v: np.ndarray) -> np.ndarray:
+    """Index of the lowest set bit of each uint32 (0 where none is set)."""
+    return np.log2((v & (~v + np.uint32(1))).astype(np.float64) + (v == 0)).astype(np.int64)
 
 
 Sel = Any  # slice(None) (every lane) or an index array of the lanes an instruction runs for
@@ -379,6 +479,8 @@ def _space_access(st: _State, sel: Sel, space: str, addr: np.ndarray, size: int,
                      f"{space} space")
     cols = a[:, None] + np.arange(size)
     r = rows[sel][:, None]
+    if space == "shared" and st.races is not None:
+        st.races.access(st, rows[sel], cols, st.warp_in_block[sel], values is not None)
     if values is None:
         return np.ascontiguousarray(mem[r, cols]).view(_U[size * 8]).reshape(-1)
     if space == "param":
@@ -464,6 +566,7 @@ class _Compiled:
     target: int = -1
     guard: tuple[str, bool] | None = None
     instr: Instr | None = None
+    line: int = 0
 
 
 def _split_mods(instr: Instr, allowed: set[str]) -> tuple[list[_T], set[str]]:
@@ -501,6 +604,7 @@ def _compile(instr: Instr, entry: Entry) -> _Compiled:
     out = fn(instr, entry)
     out.guard = instr.guard
     out.instr = instr
+    out.line = instr.line
     return out
 
 
@@ -646,6 +750,12 @@ def _c_cvt(instr: Instr, entry: Entry) -> _Compiled:
         raise ValueError("cvt does not convert predicates")
     d, a = _need(instr, 2)
     r, w = _reader(a, at, entry), _writer(d, dt, entry)
+    if "ftz" in mods:  # float32 subnormal sources and results flush to sign-preserving zero
+        r0, w0 = r, w
+        if at.kind == "f" and at.bits == 32:
+            r = lambda st, sel: _flush_f32(r0(st, sel))  # noqa: E731
+        if dt.kind == "f" and dt.bits == 32:
+            w = lambda st, sel, v: w0(st, sel, _flush_f32(v))  # noqa: E731
     irnd = next((m for m in mods if m in _INT_RND), None)
     frnd = next((m for m in mods if m in _FLOAT_RND), None)
     sat = "sat" in mods
@@ -768,6 +878,144 @@ def _minmax(a: Any, b: Any, t: _T, is_max: bool, nan: bool) -> Any:
     return (np.maximum if is_max else np.minimum)(a, b)
 
 
+# ---------------------------------------------------------------------- approximate instructions
+# Error bounds the PTX ISA documents for the approximate float32 instructions (PTX ISA 9.x, section 9.7.3
+# "Floating Point Instructions"). The interpreter returns a result that is off by the full bound (see
+# `_approx_direction` for the sign), so a kernel that relies on more accuracy than the ISA promises fails
+# its tolerance here as it could on hardware.
+EX2_MAX_ULP = 2  # 9.7.3.21 ex2: "maximum ulp error is 2 ulp from correctly rounded result" (full range)
+LG2_ABS_RANGE = (0.5, 2.0)  # 9.7.3.20 lg2: the open input interval with an absolute error bound ...
+LG2_MAX_ABS_ERROR = 2.0 ** -22  # ... of 2^-22
+LG2_MAX_REL_ERROR = 2.0 ** -22  # 9.7.3.20: relative error 2^-22 for positive finite inputs outside it
+SIN_COS_NEAR_RANGE = 2 * math.pi  # 9.7.3.18 sin / 9.7.3.19 cos: absolute error 2^-20.5 in [-2pi, 2pi] ...
+SIN_COS_NEAR_ABS_ERROR = 2.0 ** -20.5
+SIN_COS_FAR_RANGE = 100 * math.pi  # ... 2^-14.7 in [-100pi, 100pi]; outside only "best effort", no bound
+SIN_COS_FAR_ABS_ERROR = 2.0 ** -14.7
+TANH_MAX_REL_ERROR = 2.0 ** -11  # 9.7.3.22 tanh.approx.f32: relative error over the entire range
+RSQRT_MAX_REL_ERROR = 2.0 ** -22.9  # 9.7.3.16 rsqrt.approx.f32: relative error, positive finite range
+SQRT_APPROX_MAX_REL_ERROR = 2.0 ** -23  # 9.7.3.15 sqrt.approx.f32: relative error, positive finite range
+RCP_APPROX_MAX_ULP = 1  # 9.7.3.13 rcp.approx.f32: "maximum ulp error is 1 across the full range"
+DIV_APPROX_MAX_ULP = 2  # 9.7.3.8 div.approx.f32 (|b| in [2^-126, 2^126]) and div.full.f32 (full range)
+DIV_APPROX_MAX_DIVISOR = 2.0 ** 126  # 9.7.3.8: for 2^126 < |b| < 2^128 div.approx gives a sign-preserving
+# zero (NaN when a is infinite): it computes a * (1/b), and 1/b is flushed
+F32_MIN_NORMAL = 2.0 ** -126  # .ftz flushes float32 values of smaller magnitude (subnormals) to +-0
+F32_MAX_FINITE_BITS = 0x7F7FFFFF
+F32_SIGN_BIT = 0x80000000
+_DIRECTION_HASH = 0x9E3779B1  # Fibonacci hashing multiplier: spreads input bits into the top bit
+_ALWAYS_APPROX = {"ex2", "lg2", "sin", "cos", "tanh", "rsqrt"}  # PTX >= 1.4 requires .approx on these
+_F32_ONLY = {"ex2", "lg2", "sin", "cos", "tanh"}  # no .f64 forms in the ISA (rsqrt/rcp/sqrt have them)
+
+
+def _flush_f32(v: Any) -> Any:
+    """.ftz: float32 subnormals -> zero of the same sign (NaN, zero, normal and infinite values unchanged)."""
+    a = np.asarray(v, np.float32)
+    tiny = np.abs(a) < np.float32(F32_MIN_NORMAL)
+    return np.where(tiny, np.copysign(np.float32(0), a), a).astype(np.float32)
+
+
+def _approx_direction(*inputs: Any) -> np.ndarray:
+    """+1 or -1 per element: which way an approximate result is off by its full error bound. A hash of the
+    inputs' float32 bits: deterministic, and both signs occur over any handful of inputs, so results are
+    neither always rounded up nor always exactly rounded."""
+    h = np.zeros(np.broadcast(*inputs).shape, np.uint32)
+    for k, x in enumerate(inputs):
+        bits = np.asarray(x, np.float32).view(np.uint32)
+        h = (h ^ (bits + np.uint32(k))) * np.uint32(_DIRECTION_HASH)
+    return np.where(h >> np.uint32(31), -1.0, 1.0)
+
+
+def _step_ulps(r: np.ndarray, ulps: Any) -> np.ndarray:
+    """float32 values moved by `ulps` units in the last place away from zero (negative: toward zero); zero,
+    infinite and NaN values stay, and the magnitude stays within [0, largest finite]."""
+    r = np.asarray(r, np.float32)
+    bits = r.view(np.uint32).astype(np.int64)
+    mag = np.clip((bits & ~F32_SIGN_BIT & 0xFFFFFFFF) + np.asarray(ulps, np.int64), 0, F32_MAX_FINITE_BITS)
+    moved = ((bits & F32_SIGN_BIT) | mag).astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(r) & (r != 0), moved, r).astype(np.float32)
+
+
+def _off_by(exact: np.ndarray, bound: Any, direction: np.ndarray) -> np.ndarray:
+    """float32 result = exact + direction * bound (float64 exact and absolute bound), rounded to float32 and
+    pulled back one ulp where that rounding carried it past the bound."""
+    exact = np.asarray(exact, np.float64)
+    r = (exact + direction * bound).astype(np.float32)
+    over = np.abs(r.astype(np.float64) - exact) > bound
+    back = np.nextafter(r, exact.astype(np.float32))
+    finite = np.isfinite(exact)
+    return np.where(over & finite, back, np.where(finite, r, exact.astype(np.float32)))
+
+
+def _approx_ex2(a: Any) -> np.ndarray:
+    x = np.asarray(a, np.float64)
+    r = np.exp2(x).astype(np.float32)
+    r = _step_ulps(r, (_approx_direction(a) * EX2_MAX_ULP).astype(np.int64))
+    return np.where(x == 0, np.float32(1), r).astype(np.float32)  # the ISA's table: ex2(+-0) = +1.0
+
+
+def _approx_lg2(a: Any) -> np.ndarray:
+    x = np.asarray(a, np.float64)
+    exact = np.log2(x)  # NaN below 0, -inf at +-0, +inf at +inf: the ISA's table
+    lo, hi = LG2_ABS_RANGE
+    bound = np.where((x > lo) & (x < hi), LG2_MAX_ABS_ERROR, np.abs(exact) * LG2_MAX_REL_ERROR)
+    return _off_by(exact, bound, _approx_direction(a))
+
+
+def _best_effort_turns(x: np.ndarray) -> np.ndarray:
+    """The argument in radians after a float32-precision reduction by 2pi (x * float32(1/2pi) rounded to
+    float32, its fraction back to radians): what the ISA's "best effort" outside [-100pi, 100pi] can mean;
+    its error grows with |x| (about |x| * 2^-22 radians)."""
+    turns = (x.astype(np.float32) * np.float32(1 / (2 * math.pi))).astype(np.float64)
+    return (turns - np.rint(turns)) * (2 * math.pi)
+
+
+def _approx_sin_cos(a: Any, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    x = np.asarray(a, np.float64)
+    ax = np.abs(x)
+    far = np.isfinite(x) & (ax > SIN_COS_FAR_RANGE)
+    exact = fn(np.where(far, _best_effort_turns(x), x))
+    bound = np.where(ax <= SIN_COS_NEAR_RANGE, SIN_COS_NEAR_ABS_ERROR, SIN_COS_FAR_ABS_ERROR)
+    bound = np.minimum(bound, 1 - np.abs(exact))  # the error stays inside [-1, 1]
+    r = _off_by(exact, bound, _approx_direction(a))
+    zero = np.asarray(fn(np.zeros(1)))[0]  # the ISA's table: sin(+-0) = +-0, cos(+-0) = +1.0
+    return np.where(x == 0, np.float32(1) if zero == 1 else np.asarray(a, np.float32), r).astype(np.float32)
+
+
+def _approx_rel(fn: Callable[[np.ndarray], np.ndarray], rel: float, clip: float | None = None) \
+        -> Callable[[Any], np.ndarray]:
+    def approx(a: Any) -> np.ndarray:
+        exact = fn(np.asarray(a, np.float64))
+        bound = np.abs(exact) * rel
+        if clip is not None:
+            bound = np.minimum(bound, clip - np.abs(exact))
+        return _off_by(exact, bound, _approx_direction(a))
+    return approx
+
+
+def _approx_rcp(a: Any) -> np.ndarray:
+    r = (1 / np.asarray(a, np.float64)).astype(np.float32)
+    return _step_ulps(r, (_approx_direction(a) * RCP_APPROX_MAX_ULP).astype(np.int64))
+
+
+def _approx_div(a: Any, b: Any, full: bool) -> np.ndarray:
+    a64, b64 = np.broadcast_arrays(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    ulps = (_approx_direction(a, b) * DIV_APPROX_MAX_ULP).astype(np.int64)
+    r = _step_ulps((a64 / b64).astype(np.float32), ulps)
+    if full:
+        return r
+    huge = np.isfinite(b64) & (np.abs(b64) > DIV_APPROX_MAX_DIVISOR)
+    flushed = np.where(np.isinf(a64), np.nan, np.copysign(0.0, a64) * np.sign(b64))
+    return np.where(huge, flushed.astype(np.float32), r).astype(np.float32)
+
+
+_APPROX_UNARY: dict[str, Callable[[Any], np.ndarray]] = {
+    "ex2": _approx_ex2, "lg2": _approx_lg2,
+    "sin": lambda a: _approx_sin_cos(a, np.sin), "cos": lambda a: _approx_sin_cos(a, np.cos),
+    "tanh": _approx_rel(np.tanh, TANH_MAX_REL_ERROR, clip=1.0),
+    "rsqrt": _approx_rel(lambda x: 1 / np.sqrt(x), RSQRT_MAX_REL_ERROR),
+    "sqrt": _approx_rel(np.sqrt, SQRT_APPROX_MAX_REL_ERROR), "rcp": _approx_rcp,
+}
+
+
 _UNARY_FLOAT: dict[str, Callable[[Any, _T], Any]] = {
     "sqrt": _float_fn(np.sqrt), "rsqrt": _float_fn(lambda x: 1 / np.sqrt(x)),
     "rcp": _float_fn(lambda x: 1 / x), "ex2": _float_fn(np.exp2), "lg2": _float_fn(np.log2),
@@ -800,6 +1048,20 @@ def _c_arith(instr: Instr, entry: Entry) -> _Compiled:
         readers = [_reader(o, t, entry) for o in ops[1:]]
     w = _writer(ops[0], dt, entry)
     f = _arith_fn(base, t, mods)
+    if "ftz" in mods and t.kind == "f" and t.bits == 32:
+        f = _with_ftz(f)
+    if base in ("sin", "cos"):
+        r0 = readers[0]
+
+        def trig(st: _State, sel: Sel) -> None:
+            a = r0(st, sel)
+            far = np.isfinite(a) & (np.abs(a) > SIN_COS_FAR_RANGE)
+            if far.any():
+                st.note(instr, f"{base}.approx of {int(np.count_nonzero(far))} input(s) outside "
+                               f"[-100pi, 100pi] (e.g. {float(np.asarray(a)[far][0])!r}): the PTX ISA bounds "
+                               "no error there (9.7.3.18/19); the result models a float32 argument reduction")
+            w(st, sel, f(a))
+        return _Compiled("op", trig)
     if nsrc == 1:
         r0 = readers[0]
         return _Compiled("op", lambda st, sel: w(st, sel, f(r0(st, sel))))
@@ -808,6 +1070,11 @@ def _c_arith(instr: Instr, entry: Entry) -> _Compiled:
         return _Compiled("op", lambda st, sel: w(st, sel, f(r0(st, sel), r1(st, sel))))
     r0, r1, r2 = readers
     return _Compiled("op", lambda st, sel: w(st, sel, f(r0(st, sel), r1(st, sel), r2(st, sel))))
+
+
+def _with_ftz(f: Callable[..., Any]) -> Callable[..., Any]:
+    """.ftz on a float32 instruction: subnormal inputs and results flushed to sign-preserving zero."""
+    return lambda *args: _flush_f32(f(*[_flush_f32(a) for a in args]))
 
 
 def _arith_fn(base: str, t: _T, mods: set[str]) -> Callable[..., Any]:
@@ -822,6 +1089,12 @@ def _arith_fn(base: str, t: _T, mods: set[str]) -> Callable[..., Any]:
     if base in _UNARY_FLOAT:
         if not t.is_float:
             raise ValueError(f"{base} needs a float type")
+        if base in _ALWAYS_APPROX and "approx" not in mods:
+            raise ValueError(f"{base} needs .approx (required since PTX ISA 1.4)")
+        if base in _F32_ONLY and t.bits != 32:
+            raise ValueError(f"{base} has no .f{t.bits} form (.f32 only)")
+        if t.bits == 32 and (base in _ALWAYS_APPROX or "approx" in mods):
+            return _APPROX_UNARY[base]
         uf = _UNARY_FLOAT[base]
         return lambda a: uf(a, t)
     flt = t.is_float
@@ -853,6 +1126,9 @@ def _arith_fn(base: str, t: _T, mods: set[str]) -> Callable[..., Any]:
             return lambda a, b, c: (np.asarray(a).astype(wt) * np.asarray(b).astype(wt) + np.asarray(c, wt))
         return lambda a, b, c: (np.asarray(a, t.np) * np.asarray(b, t.np) + np.asarray(c, t.np)).astype(t.np)
     if base == "div":
+        if flt and t.bits == 32 and ("approx" in mods or "full" in mods):
+            full = "full" in mods
+            return lambda a, b: _approx_div(a, b, full)
         if flt:
             return lambda a, b: np.asarray(np.divide(a, b)).astype(t.np)
         return lambda a, b: _idiv(a, b, t, rem=False)
@@ -945,8 +1221,11 @@ def _c_setp(instr: Instr, entry: Entry) -> _Compiled:
     rc = _reader(ops[3], _T("pred", 1), entry) if len(ops) == 4 else None
     bop = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[bools[0]] if bools else None
 
+    ftz = "ftz" in instr.mods and t.kind == "f" and t.bits == 32
+
     def setp(st: _State, sel: Sel) -> None:
-        res = _compare(cmp, ra(st, sel), rb(st, sel), t)
+        a, b = ra(st, sel), rb(st, sel)
+        res = _compare(cmp, _flush_f32(a) if ftz else a, _flush_f32(b) if ftz else b, t)
         if bop is not None and rc is not None:
             c = rc(st, sel)
             p, q = bop(res, c), bop(~res, c)
@@ -1063,10 +1342,31 @@ class _Kernel:
 _module_cache: dict[str, dict[str, _Kernel]] = {}
 
 
-class PTXModule:
-    """Parsed (and validated) PTX; `launch` runs one entry on a grid of blocks."""
+ADVERSARIAL_ENV = "PTX_ADVERSARIAL"  # PTX_ADVERSARIAL=1: adversarial warp scheduling unless a launch says
 
-    def __init__(self, source: str) -> None:
+
+def adversarial_default() -> bool:
+    """Whether launches schedule adversarially when neither the launch nor the module says (the env var)."""
+    return os.environ.get(ADVERSARIAL_ENV, "0") not in ("", "0")
+
+
+def warp_order(nwarps: int, epoch: int, seed: int = 0) -> list[int]:
+    """The order the warps of a block run in between barrier `epoch` and the next (adversarial mode): last
+    warp first (a reduction's warp 0 usually consumes what the others produce), rotated left by
+    (epoch + seed) % nwarps, so each epoch starts with another warp."""
+    rev = list(range(nwarps - 1, -1, -1))
+    k = (epoch + seed) % max(nwarps, 1)
+    return rev[k:] + rev[:k]
+
+
+class PTXModule:
+    """Parsed (and validated) PTX; `launch` runs one entry on a grid of blocks.
+
+    `adversarial` (None: the PTX_ADVERSARIAL env var at launch time) and `seed` are the defaults of
+    `launch`'s; `warnings` collects what an approximate instruction was asked outside its documented range
+    (one line per kernel line), for tests to assert on."""
+
+    def __init__(self, source: str, *, adversarial: bool | None = None, seed: int = 0) -> None:
         key = hashlib.sha256(source.encode()).hexdigest()
         hit = _module_cache.get(key)
         if hit is None:
@@ -1082,10 +1382,18 @@ class PTXModule:
                 hit[name] = _Kernel(entry, code)
             _module_cache[key] = hit
         self.entries: dict[str, _Kernel] = hit
+        self.adversarial = adversarial
+        self.seed = seed
+        self.warnings: list[str] = []
 
     def launch(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int], params: bytes,
-               memory: GlobalMemory, *, max_steps: int = 10_000_000) -> None:
-        """Run `entry` over `grid` blocks of `block` threads with the raw parameter buffer `params`."""
+               memory: GlobalMemory, *, max_steps: int = 10_000_000, adversarial: bool | None = None,
+               seed: int | None = None) -> None:
+        """Run `entry` over `grid` blocks of `block` threads with the raw parameter buffer `params`.
+
+        adversarial: run the warps of each block one at a time between barriers, in `warp_order`, and
+        report shared-memory races (module docstring); None takes the module's setting, then the env var.
+        Kernels without bar.sync and shared memory run in lockstep either way (nothing to reorder)."""
         kernel = self.entries.get(entry)
         if kernel is None:
             raise PTXError(f"no entry named {entry!r} (have {sorted(self.entries)})")
@@ -1102,13 +1410,21 @@ class PTXModule:
         if len(params) < e.param_size:
             raise PTXError(f"{entry}: parameter buffer of {len(params)} bytes, the kernel needs "
                            f"{e.param_size}")
+        adv = adversarial if adversarial is not None else \
+            self.adversarial if self.adversarial is not None else adversarial_default()
+        serial = adv and (e.shared_size > 0 or any(c.kind == "bar" for c in kernel.code))
         pbuf = np.frombuffer(bytes(params), np.uint8).copy()
         nblocks = math.prod(grid3)
         per_batch = max(1, min(nblocks, MAX_BATCH_LANES // nthreads))
         steps = 0
         for first in range(0, nblocks, per_batch):
-            st = _State(e, grid3, block3, first, min(per_batch, nblocks - first), pbuf, memory)  # type: ignore[arg-type]
-            steps = _run(kernel, st, steps, max_steps, nthreads)
+            st = _State(e, grid3, block3, first, min(per_batch, nblocks - first), pbuf, memory,  # type: ignore[arg-type]
+                        notes=self.warnings)
+            if serial:
+                steps = _run_serialized(kernel, st, steps, max_steps, nthreads,
+                                        self.seed if seed is None else seed)
+            else:
+                steps = _run(kernel, st, steps, max_steps, nthreads)
 
 
 def _run(kernel: _Kernel, st: _State, steps: int, max_steps: int, nthreads: int) -> int:
@@ -1138,6 +1454,7 @@ def _run(kernel: _Kernel, st: _State, steps: int, max_steps: int, nthreads: int)
                 raise PTXError(f"{_where(name, code[cur])}: ran more than max_steps={max_steps} steps "
                                "(an endless loop?)")
             c = code[cur]
+            st.line = c.line
             try:
                 if c.guard is not None:
                     g = st.regs[c.guard[0]]
@@ -1212,3 +1529,141 @@ def _barrier(st: _State, c: _Compiled, alive: np.ndarray, active: np.ndarray, gm
         lane = int(np.nonzero(missing)[0][0])
         raise _Fault(f"bar.sync reached by only part of block {int(st.block_of_lane[lane])}: thread "
                      f"{lane % nthreads} is live elsewhere (divergent barrier)")
+    if st.races is not None:
+        st.races.new_epoch(blocks_here)
+
+
+# ---------------------------------------------------------------------- adversarial scheduling
+def _run_serialized(kernel: _Kernel, st: _State, steps: int, max_steps: int, nthreads: int, seed: int) -> int:
+    """Run one batch of blocks with the warps of each block one at a time: in each barrier epoch, warp
+    `warp_order(...)[0]` of every block of the batch runs until each of its threads waits at a bar.sync or
+    has exited, then the next warp, and so on; then the barrier completes for every block (all its live
+    threads must wait at the same bar.sync) and the next epoch starts. The blocks of a batch are independent,
+    so one warp position runs for all of them together. Returns the step count so far."""
+    n = st.nlanes
+    alive = np.ones(n, bool)
+    pc = np.zeros(n, np.int64)
+    nwarps = -(-nthreads // WARP_SIZE)
+    lanes_of_warp = [np.nonzero(st.warp_in_block == w)[0] for w in range(nwarps)]
+    epoch = 0
+    with np.errstate(all="ignore"):
+        while True:
+            for w in warp_order(nwarps, epoch, seed):
+                lanes = lanes_of_warp[w]
+                lanes = lanes[alive[lanes]]
+                if lanes.size:
+                    steps = _run_to_barrier(kernel, st, lanes, pc, alive, steps, max_steps)
+            waiting = np.nonzero(alive)[0]
+            if waiting.size == 0:
+                return steps
+            _complete_barrier(kernel, st, waiting, pc, nthreads)
+            pc[waiting] += 1
+            epoch += 1
+
+
+def _run_to_barrier(kernel: _Kernel, st: _State, lanes: np.ndarray, pc: np.ndarray, alive: np.ndarray,
+                    steps: int, max_steps: int) -> int:
+    """Run `lanes` (per-lane pcs, lowest pc first as in `_run`) until each waits at a bar.sync (its pc left
+    there) or has exited (alive cleared)."""
+    code = kernel.code
+    name = kernel.entry.name
+    ncode = len(code)
+    run, rpc = lanes, pc[lanes].copy()
+    while run.size:
+        cur = int(rpc.min())
+        if cur >= ncode:  # ran off the end of the code: done, like ret
+            done = rpc >= ncode
+            alive[run[done]] = False
+            run, rpc = run[~done], rpc[~done]
+            continue
+        steps += 1
+        c = code[cur]
+        if steps > max_steps:
+            raise PTXError(f"{_where(name, c)}: ran more than max_steps={max_steps} steps (an endless loop?)")
+        here = rpc == cur
+        every = bool(here.all())
+        sel = run if every else run[here]
+        st.line = c.line
+        try:
+            if c.guard is None:
+                gm = None
+                gsel = sel
+            else:
+                g = st.regs[c.guard[0]][sel]
+                gm = ~g if c.guard[1] else g
+                gsel = sel[gm]
+            leave = None  # positions in `run` (among `here`) that stop running
+            if c.kind == "op":
+                if c.run is not None and gsel.size:
+                    c.run(st, gsel)
+                nxt: Any = cur + 1
+            elif c.kind == "bra":
+                nxt = c.target if gm is None else np.where(gm, c.target, cur + 1)
+            elif c.kind == "exit":
+                alive[gsel] = False
+                nxt = cur + 1
+                leave = here.copy() if gm is None else _positions(here, gm)
+            else:  # bar.sync: wait here, unless the guard is false for all (then it is skipped)
+                if gm is not None and gm.any() and not gm.all():
+                    raise _Fault("bar.sync under a predicate that differs between threads")
+                nxt = cur + 1
+                if gm is None or gm.all():
+                    _check_converged(st, run, here, sel)
+                    pc[sel] = cur
+                    leave = here.copy()
+        except _Fault as f:
+            raise PTXError(f"{_where(name, c)}: {f}") from None
+        if every:
+            rpc[:] = nxt
+        else:
+            rpc[here] = nxt
+        if leave is not None:
+            run, rpc = run[~leave], rpc[~leave]
+    return steps
+
+
+def _check_converged(st: _State, run: np.ndarray, here: np.ndarray, sel: np.ndarray) -> None:
+    """bar.sync is .aligned: every live thread of the warp executes it together, none is elsewhere."""
+    if here.all():
+        return
+    blocks_here = np.zeros(int(st.block_of_lane.max()) + 1, bool)
+    blocks_here[st.block_of_lane[sel]] = True
+    elsewhere = run[~here]
+    elsewhere = elsewhere[blocks_here[st.block_of_lane[elsewhere]]]
+    if elsewhere.size:
+        lane = int(elsewhere[0])
+        block = st.first_block + int(st.block_of_lane[lane])
+        raise _Fault(f"bar.sync reached by only part of block {block}: thread {lane % st.nthreads} is live "
+                     "elsewhere (divergent barrier)")
+
+
+def _positions(here: np.ndarray, sub: np.ndarray) -> np.ndarray:
+    """A mask over all positions: those of `here` whose entry in `sub` (one per true of `here`) is true."""
+    out = np.zeros(here.shape, bool)
+    out[np.nonzero(here)[0][sub]] = True
+    return out
+
+
+def _complete_barrier(kernel: _Kernel, st: _State, waiting: np.ndarray, pc: np.ndarray,
+                      nthreads: int) -> None:
+    """Every live thread waits at a bar.sync: those of one block must wait at the same one."""
+    blocks = st.block_of_lane[waiting]
+    at = pc[waiting]
+    first = np.full(int(st.block_of_lane.max()) + 1, len(kernel.code), np.int64)
+    np.minimum.at(first, blocks, at)
+    c = kernel.code[int(at.min())]
+    odd = at != first[blocks]
+    if odd.any():
+        k = int(np.nonzero(odd)[0][0])
+        lane, b = int(waiting[k]), int(blocks[k])
+        c = kernel.code[int(first[b])]
+        raise PTXError(f"{_where(kernel.entry.name, c)}: bar.sync reached by only part of block "
+                       f"{st.first_block + b}: thread {lane % nthreads} waits at line "
+                       f"{kernel.code[int(at[k])].line} instead (divergent barrier)")
+    for p in np.unique(at):
+        c = kernel.code[int(p)]
+        if c.target not in (-1, nthreads):
+            raise PTXError(f"{_where(kernel.entry.name, c)}: bar.sync with a thread count of {c.target} "
+                           f"(block has {nthreads}) is not supported")
+    if st.races is not None:
+        st.races.new_epoch(slice(None))
