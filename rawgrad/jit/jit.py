@@ -600,7 +600,10 @@ class TinyJit(Generic[ReturnT]):
 
     # saving is in rawgrad.jit.storage (kept apart: file format, hashing, trust checks)
     def save(self, path: str) -> None:
-        """Write the most recent capture to `path` (kernel binaries, queue, buffer plan, guards)."""
+        """Write the most recent capture to `path` (kernel binaries, queue, buffer plan, guards, the device
+        identity), atomically and readable by its owner only: a temporary file created exclusively in the
+        same folder, fsynced, renamed into place (a symlink at `path` or at any temporary name is never
+        followed)."""
         from rawgrad.jit.storage import save_capture
         if self.last is None:
             raise JitError(f"TinyJit({self.name}): nothing captured yet; call the function twice "
@@ -609,7 +612,12 @@ class TinyJit(Generic[ReturnT]):
 
     @staticmethod
     def load(path: str, *, allow_untrusted: bool = False) -> TinyJit[Any]:
-        """A callable that replays a graph saved with `save` (no tracing, no compiling)."""
+        """A callable that replays a graph saved with `save` (no tracing, no compiling).
+
+        Raises `GraphFileError` (a JitError, hence a ValueError) for a path that is not a regular file (a
+        symlink, a FIFO...), a file another user owns or others can write (unless `allow_untrusted`), a
+        truncated or corrupted file, an older format ("re-save"), any manifest field out of bounds, or a
+        graph made for a device other than the one its label names here (see rawgrad/jit/storage.py)."""
         from rawgrad.jit.storage import load_capture
         cap = load_capture(path, allow_untrusted=allow_untrusted)
         jit: TinyJit[Any] = TinyJit(None, reuse_outputs=cap.reuse_outputs)
