@@ -6,6 +6,8 @@ Two checks a plain pytest run cannot make:
   ``.ci/allowed-skips``), every skipped test's reason must match one of the file's regular expressions
   (one per line, ``#`` comments). Anything else skipped fails the session: a missing ptxas, tokenizer or
   weights package would otherwise turn whole groups of tests into silent skips that still end green.
+- **Kernels that were never assembled.** ``RAWGRAD_REQUIRE_SASS=1`` fails the session when NV kernel images
+  fell back to PTX only (no ptxas found) although the run compiled NV kernels.
 - **Tests that claim a device but never used it.** Under ``DEV=NV NV_MOCK=1`` every kernel the mock GPU
   executes is counted per test. The summary says how many tests launched at least one kernel.
   ``RAWGRAD_WRITE_DEVICE_SLICE=<file>`` writes the node ids of the tests that did (``.ci/nv-slice`` is made
@@ -36,14 +38,15 @@ def counting_mock_kernels() -> bool:
 def install_kernel_counter() -> None:
     """Count every kernel the mock GPU executes (the GPU's side: a kernel queued but never run is not
     counted)."""
-    from rawgrad.drivers.nv.mock import gpu
-    original: Callable[..., Any] = gpu.MockGPU._run_kernel
+    # the mock GPU runs every kernel through PTXModule.launch (its PTX interpreter): count there
+    from rawgrad.drivers.nv.mock import ptx_interp
+    original: Callable[..., Any] = ptx_interp.PTXModule.launch
 
     def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
         _kernels["current"] += 1
         return original(self, *args, **kwargs)
 
-    gpu.MockGPU._run_kernel = counted  # type: ignore[method-assign]
+    ptx_interp.PTXModule.launch = counted  # type: ignore[method-assign]
 
 
 def allowed_skip_patterns() -> list[re.Pattern[str]] | None:
@@ -77,11 +80,28 @@ def _problems() -> list[str]:
         for nodeid, reason in _skips:
             if not any(p.search(reason) for p in patterns):
                 problems.append(f"skipped but required here: {nodeid}: {reason}")
+    if os.environ.get("RAWGRAD_REQUIRE_SASS", "0") not in ("", "0"):
+        problems.extend(_sass_problems())
     if counting_mock_kernels() and os.environ.get("RAWGRAD_REQUIRE_DEVICE_KERNELS", "0") not in ("", "0"):
         for nodeid in sorted(_passed):
             if _per_test.get(nodeid, 0) == 0:
                 problems.append(f"launched no kernel on the device: {nodeid}")
     return problems
+
+
+def _sass_problems() -> list[str]:
+    """With the nv extra installed, every kernel image must carry real SASS: a PTX-only fallback means the
+    mock interpreted code ptxas never saw, and the SASS-to-PTX checks were skipped."""
+    import sys
+    cubin = sys.modules.get("rawgrad.drivers.nv.cubin")
+    if cubin is None:
+        return []  # no NV kernel was compiled in this run
+    out = []
+    if cubin.find_ptxas() is None:
+        out.append("ptxas is not installed (pip install -e '.[nv]'), so NV kernels were never assembled")
+    if cubin.ptx_only_fallbacks():
+        out.append(f"{cubin.ptx_only_fallbacks()} NV kernel image(s) fell back to PTX only (no assembler)")
+    return out
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
