@@ -179,9 +179,6 @@ def test_replay_with_fresh_inputs_and_changing_variables(rng: np.random.Generato
     assert len({address(t) for pair in keep for t in pair}) == 2 * (len(ns) - 1)  # all alive, all apart
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "bug: Tensor.mean over an axis of symbolic length fails even eagerly: \"unknown device '?'\" (the "
-    "divisor made from the symbolic length gets no device)"))
 def test_mean_over_a_variable_length(rng: np.random.Generator) -> None:
     f = TinyJit(lambda x, n: x.shrink(((0, n), None)).mean(axis=0))
     for n in (3, 5, 2, 6):
@@ -191,10 +188,6 @@ def test_mean_over_a_variable_length(rng: np.random.Generator) -> None:
     assert len(f.captures) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "bug: a realized tensor with a symbolic shape is a RESHAPE of its whole buffer to the symbolic shape, "
-    "which the scheduler cannot read again ('cannot reshape (24,) ... to (m, 3)'); TinyJit realizes its "
-    "inputs, so an input with a symbolic shape fails at capture"))
 def test_input_with_a_symbolic_shape(rng: np.random.Generator) -> None:
     f = TinyJit(lambda x: (x * 2).sum(axis=0))
     for n in (3, 5, 2, 7):

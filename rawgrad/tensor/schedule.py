@@ -154,6 +154,12 @@ class _Scheduler:
             if out in self.assigned_views:
                 results.append(out.src[0])  # the target view now reads what was written
                 continue
+            if any(not isinstance(d, int) for d in out.shape):
+                # the buffer is sized for the Variables' maximum and holds the value contiguously in its
+                # symbolic shape: its first prod(shape) elements, then that shape
+                flat = UOp(Ops.SHRINK, buf.dtype, (buf,), ((0, prod(out.shape)),))
+                results.append(UOp(Ops.RESHAPE, buf.dtype, (flat,), out.shape))
+                continue
             results.append(buf if len(out.shape) == 1 and out.shape[0] == buf.arg[1] else
                            UOp(Ops.RESHAPE, buf.dtype, (buf,), out.shape))
         return results

@@ -299,7 +299,14 @@ class Tensor:
                  requires_grad: bool | None = None):
         dt = to_dtype(dtype) if dtype is not None else None
         dev = _canon_device(device)
-        if isinstance(data, UOp):
+        if isinstance(data, UOp) and data.shape == () and data.device == "?":
+            # a symbolic size (a bound Variable, or an expression of one: `x.sum(0) / n`) used as a value:
+            # anchor it on the device with a 0 constant, the kernel then reads the Variable as an argument
+            sdt: DType = dt or (data.dtype if data.dtype is not None and data.dtype != dtypes.index
+                                else dtypes.int64)
+            sym = data if data.dtype == sdt else UOp(Ops.CAST, sdt, (data,))
+            uop = UOp(Ops.ADD, sdt, (UOp.const(sdt, 0, UOp(Ops.DEVICE, arg=dev)), sym))
+        elif isinstance(data, UOp):
             uop = data
         elif isinstance(data, Tensor):
             uop = data.uop
@@ -549,21 +556,38 @@ class Tensor:
         """Reset the generator: the same seed replays the same sequence of random tensors."""
         Tensor._seed = int(seed)
         Tensor._rng_counter = 0
+        Tensor._seedings += 1
+
+    # Recorders of the key buffers _random_bits uploads, each a list of (key BUFFER node, counter value
+    # used). TinyJit opens one around a capture: a replay runs no Python, so it has to know which
+    # buffers hold the keys to write the next counters into them before it launches.
+    _rng_recorders: ClassVar[list[list[tuple[UOp, int]]]] = []
+    # How many times manual_seed ran: TinyJit refuses a capture that reseeds (its replays could not).
+    _seedings: ClassVar[int] = 0
+
+    @staticmethod
+    def _rng_key(counter: int) -> np.ndarray:
+        """The Threefry key for one _random_bits call: (folded seed, call counter) as two uint32 words."""
+        seed = Tensor._seed
+        return np.array([(seed ^ (seed >> 32)) & 0xFFFFFFFF, counter & 0xFFFFFFFF], np.uint32)
 
     @staticmethod
     def _random_bits(n: int, device: str) -> Tensor:
         """n uniformly random uint32 words: Threefry-2x32 (20 rounds) run with tensor ops on the device.
 
         Key = (seed, call counter), counter block = (position, 0). The key is uploaded as data rather
-        than baked into the graph as constants, so every call shares one kernel."""
+        than baked into the graph as constants, so every call shares one kernel (and a TinyJit replay
+        can write the next key into the same buffer)."""
         u32 = dtypes.uint32
-        seed = Tensor._seed
-        key = np.array([(seed ^ (seed >> 32)) & 0xFFFFFFFF, Tensor._rng_counter & 0xFFFFFFFF], np.uint32)
+        counter = Tensor._rng_counter
+        key = Tensor._rng_key(counter)
         Tensor._rng_counter += 1
         if n == 0:
             return Tensor.zeros(0, dtype=u32, device=device)
         half = (n + 1) // 2
         kt = Tensor(key, device=device)
+        for rec in Tensor._rng_recorders:
+            rec.append((kt.uop.base, counter))
         x0, x1 = threefry2x32(Tensor.arange(half, dtype=u32, device=device),
                               Tensor.zeros(half, dtype=u32, device=device),
                               kt[0:1].expand(half), kt[1:2].expand(half))
@@ -1363,6 +1387,9 @@ class Tensor:
 
         def fn(x: Tensor) -> Tensor:
             d = x - x.mean(axis, keepdim=True)
+            if isinstance(n, UOp):  # a symbolic count: the divisor is computed on the device
+                count = Tensor(n, device=x.device).cast(x.dtype)
+                return (d * d).sum(axis, keepdim) / (count - correction).maximum(0)
             return (d * d).sum(axis, keepdim) / max(0, n - correction)
         return self._float_fn(fn)
 
