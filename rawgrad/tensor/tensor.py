@@ -39,6 +39,8 @@ from rawgrad.hcq.device import Device  # noqa: E402
 from rawgrad.tensor import autograd as _autograd
 from rawgrad.tensor import realize as _realize
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, is_allocated, new_buffer, writable_view
+from rawgrad.tensor.ops_math import MathOps
+from rawgrad.tensor.ops_nn import NNOps
 
 # the default device: DEV from the environment, else the best device the registry detects
 DEFAULT_DEVICE: str = Device.DEFAULT
@@ -286,8 +288,8 @@ def _check_host_index(data: np.ndarray, size: int, dim: int) -> None:
         raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 
 
-class Tensor:
-    """A lazily evaluated n-dimensional array on a device."""
+class Tensor(MathOps, NNOps):
+    """A lazily evaluated n-dimensional array on a device (more methods in ops_math.py and ops_nn.py)."""
 
     training: ClassVar[bool] = False  # dropout and batch statistics; `with Tensor.train():`
     no_grad: ClassVar[bool] = False  # `with rawgrad.no_grad():` refuses backward and keeps no graph history
