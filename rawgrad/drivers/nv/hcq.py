@@ -437,8 +437,11 @@ class NVComputeQueue(_NVQueue):
         qmd_at = round_up(len(self._data), QMD_ALIGN_DWORDS)
         bank_at = qmd_at + qmd.dwords
         qmd.constant_buffer(0, DATA_BASE + DWORD * bank_at, len(bank) * DWORD)
-        for index, address, size in getattr(program, "constant_banks", ()):
-            qmd.constant_buffer(index, address, size)
+        # Other constant banks (ptxas's bank 2 constants, bank 4 global addresses) sit at fixed offsets in
+        # the loaded image, so they are placed from the entry point: that also holds for a graph template's
+        # stand-in program, whose entry is a relocation and which has no `constant_banks` of its own.
+        for index, offset, size in info.constant_banks:
+            qmd.constant_buffer(index, entry + (offset - info.text_offset), size)
         qmd_va = DATA_BASE + DWORD * qmd_at
         if self._add_data(qmd.words() + bank, QMD_ALIGN_DWORDS) != qmd_at:
             raise AssertionError(f"{self.name}: QMD placed away from its computed offset")
