@@ -60,3 +60,13 @@ def NV_MOCK() -> bool:  # noqa: N802
 def NV_MOCK_PROFILE() -> str:  # noqa: N802
     """Which mock GPU NV_MOCK=1 emulates: "h100" (Hopper, QMD V04; the default) or "ampere" (GA102, V03)."""
     return (os.environ.get("NV_MOCK_PROFILE") or "h100").lower()
+
+
+def JIT_VERIFY() -> int:  # noqa: N802
+    """JIT_VERIFY=N runs every N-th TinyJit call (counting all calls; replays only) eagerly as well, from
+    the same state and random counter, and raises JitError if its outputs or the state it writes differ
+    from the replay's (a slow check for what the guards cannot see; 0 or unset: off)."""
+    n = getenv_int("JIT_VERIFY")
+    if n < 0:
+        raise ValueError(f"JIT_VERIFY must be >= 0, got {n}")
+    return n

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
+
+import numpy as np
 
 from rawgrad import config
 from rawgrad.compiler.ir import Ops, UOp
@@ -42,7 +45,8 @@ from rawgrad.hcq.graph import (
 from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import sym_eval
 from rawgrad.tensor import realize as _realize
-from rawgrad.tensor.buffers import DeviceMemory, device_memory, new_buffer
+from rawgrad.tensor import tensor as _tensor_module
+from rawgrad.tensor.buffers import DeviceMemory, buffer_numpy, buffer_write, device_memory, new_buffer
 from rawgrad.tensor.interpret import is_realized
 from rawgrad.tensor.tensor import Tensor, pending_view_assigns
 
@@ -50,6 +54,9 @@ __all__ = ["JitError", "TinyJit"]
 
 ReturnT = TypeVar("ReturnT")
 MISMATCH_POLICIES = ("error", "recapture")
+# Captures made again because a guarded global or closure value changed, before TinyJit gives up: a value
+# that changes on most calls would otherwise capture (trace, schedule, build a queue) on every call.
+MAX_GUARD_RECAPTURES = 4
 
 
 class JitError(ValueError):
@@ -238,6 +245,16 @@ class CapturedGraph:
     _graphs: list[HCQGraph] = field(default_factory=list)
     _arenas: list[DeviceMemory] = field(default_factory=list)
     _kept_outputs: list[UOp] | None = None
+    # Random numbers: how far one call advances Tensor._rng_counter, and (external index, counter offset)
+    # of each key buffer the kernels read. Not saved: TinyJit.save refuses a capture with rng_draws.
+    rng_draws: int = 0
+    rng_keys: list[tuple[int, int]] = field(default_factory=list)
+    # ("in", slot) / ("ext", index) of each buffer the kernels write in place (for JIT_VERIFY)
+    written: list[tuple[str, int]] = field(default_factory=list)
+    # what the guards read at capture (see TinyJit: Tensor.training, globals and closure cells), and
+    # the Tensors among them, held so that their ids stay theirs while the capture compares against them
+    guard_state: tuple[Any, ...] | None = None
+    guard_refs: list[Tensor] = field(default_factory=list)
 
     def link(self) -> None:
         """Allocate the arenas and bind one queue per device (once per capture or load)."""
@@ -252,7 +269,17 @@ class CapturedGraph:
             graphs.append(HCQGraph(dev, template, dg.programs, relocs))
         self._graphs, self._arenas = graphs, arenas
 
+    def written_buffers(self, call: _Call) -> list[UOp]:
+        return [call.buffers[k] if role == "in" else self.externals[k] for role, k in self.written]
+
     def replay(self, call: _Call) -> Any:
+        if self.rng_draws:
+            # the keys the same draws would get from an eager call now; buffer_write first waits for
+            # the previous replay's kernels, which may still be reading these buffers
+            base = Tensor._rng_counter
+            for j, offset in self.rng_keys:
+                buffer_write(self.externals[j], Tensor._rng_key(base + offset))
+            Tensor._rng_counter = base + self.rng_draws
         vals = dict(self.baked)
         vals.update(call.var_vals)
         for slot, b in enumerate(call.buffers):
@@ -328,10 +355,38 @@ def _collect_tensors(x: Any) -> list[Tensor]:
     return []
 
 
-def _call_outputs(ret: Any) -> list[Tensor]:
-    """What a call must realize: its pending writes into views of state (first: the returned values may
-    read them), then the Tensors it returned."""
-    return pending_view_assigns() + _collect_tensors(ret)
+def _pending_writes() -> list[Tensor]:
+    """Every assign not yet run: writes into views in the order made, then whole-buffer writes."""
+    views = pending_view_assigns()
+    seen = {id(t) for t in views}
+    whole = [t for r in list(_tensor_module._pending_assigns.values())
+             if (t := r()) is not None and id(t) not in seen]
+    return views + whole
+
+
+def _flush_pending_writes() -> None:
+    """Run the assigns made before a call. A replay reads state buffers directly, so a write still
+    pending in the lazy graph (`w.assign(...)` outside the function) would otherwise be skipped by it."""
+    if _tensor_module._pending_assigns or _tensor_module._pending_view_assigns:
+        writes = _pending_writes()
+        if writes:
+            Tensor.realize(*writes)
+
+
+def _finish_call(ret: Any) -> None:
+    """Realize what one call made: its pending writes into views of state (first: the returned values may
+    read them) and the Tensors it returned, then every other assign the call left pending.
+
+    The last step is why a capture sees `state.assign(state + x)` when the return value does not read
+    `state`: without it that write would run after the capture ended (at the next read of `state`), so
+    no replay would contain it. It runs after the returned values so that they read what the function
+    read (the old contents), as an eager call would."""
+    outs = pending_view_assigns() + _collect_tensors(ret)
+    if outs:
+        Tensor.realize(*outs)
+    rest = _pending_writes()
+    if rest:
+        Tensor.realize(*rest)
 
 
 def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any], kwargs: dict[str, Any],
@@ -339,15 +394,20 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     """Run `fn` once while recording its launches; returns its result and the capture."""
     # Buffers created from here on (higher uids) are the capture's own; a 0-element node costs no memory.
     first_uid = new_buffer(call.buffers[0].device if call.buffers else Device.DEFAULT, 0, _any_dtype()).arg[0]
+    rng_start, seedings = Tensor._rng_counter, Tensor._seedings
+    rng_made: list[tuple[UOp, int]] = []  # (key buffer, counter) of each random draw inside the capture
     _realize.readback_guards.append(name)
+    Tensor._rng_recorders.append(rng_made)
     try:
         with _realize.capture_launches() as record:
             ret = fn(*args, **kwargs)
-            outs = _call_outputs(ret)
-            if outs:
-                Tensor.realize(*outs)
+            _finish_call(ret)
     finally:
+        Tensor._rng_recorders.remove(rng_made)
         _realize.readback_guards.remove(name)
+    if Tensor._seedings != seedings:
+        raise JitError(f"{name}: Tensor.manual_seed was called inside the captured function; a replay "
+                       f"cannot reseed (it runs no Python). Seed outside the jitted function")
 
     slot_of = {b: k for k, b in enumerate(call.buffers)}
     first_use: dict[UOp, tuple[int, bool]] = {}  # buffer -> (item index, only written there)
@@ -454,6 +514,20 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
                         {v: val for v, val in var_vals.items() if v not in passed}, graphs, ext_list,
                         [(b.device, b.arg[1], _dtype(b)) for b in sorted(out_bufs, key=out_bufs.__getitem__)],
                         returned, kernels, reuse_outputs)
+    # Random draws: their key buffers are externals the kernels read; a replay writes the key the same
+    # draw would get eagerly (seed, counter at the call + its offset) into each before it launches.
+    cap.rng_draws = Tensor._rng_counter - rng_start
+    cap.rng_keys = [(externals[b], counter - rng_start) for b, counter in rng_made if b in externals]
+    # State the kernels write in place (inputs and externals): what JIT_VERIFY saves and compares.
+    written: dict[tuple[str, int], None] = {}
+    for ei in record:
+        if ei.bufs:
+            b = ei.bufs[0]
+            if b in slot_of:
+                written[("in", slot_of[b])] = None
+            elif b in externals:
+                written[("ext", externals[b])] = None
+    cap.written = list(written)
     cap.link()
     return ret, cap
 
@@ -472,6 +546,85 @@ def _any_dtype() -> DType:
     return dtypes.uint8
 
 
+# ---------------------------------------------------------------------------------------------- guards
+_GUARDED_SCALARS = (bool, int, float, str, type(None))
+_MISSING = object()  # an unbound global or an empty closure cell
+
+
+def _code_names(code: types.CodeType) -> list[str]:
+    """The global names a code object and the code nested in it (lambdas, comprehensions) may read."""
+    names = list(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names.extend(_code_names(c))
+    return names
+
+
+def _guard_token(v: Any) -> Any:
+    """What a guarded value is compared by: a Tensor by identity (its `==` is elementwise), anything else
+    by type and value (1, 1.0 and True bake into different dtypes)."""
+    return ("tensor", id(v)) if isinstance(v, Tensor) else (type(v), v)
+
+
+def _cell_value(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _MISSING
+
+
+class _Guards:
+    """The globals and closure variables a function reads that a capture bakes in: Python scalars, None
+    (their values become kernel constants or choose the graph) and Tensors (their buffers become the
+    capture's externals). Chosen once, at the first capture, from the function's code: the names it (and
+    code nested in it) loads that are module globals, and its closure cells, whose values then are of
+    those kinds."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        f: Any = fn
+        while True:  # a bound method or a functools.partial: the function underneath
+            if isinstance(f, types.MethodType):
+                f = f.__func__
+            elif isinstance(f, functools.partial):
+                f = f.func
+            else:
+                break
+        self.globals: dict[str, Any] = {}
+        self.global_names: list[str] = []
+        self.cells: list[types.CellType] = []
+        self.labels: list[str] = ["Tensor.training"]
+        code = getattr(f, "__code__", None)
+        if not isinstance(code, types.CodeType):
+            return  # a callable object or a builtin: nothing to read (see docs/reliability.md)
+        self.globals = getattr(f, "__globals__", {})
+        for n in dict.fromkeys(_code_names(code)):
+            v = self.globals.get(n, _MISSING)
+            if isinstance(v, (*_GUARDED_SCALARS, Tensor)):
+                self.global_names.append(n)
+                self.labels.append(f"global {n!r}")
+        for n, cell in zip(code.co_freevars, getattr(f, "__closure__", None) or (), strict=False):
+            if isinstance(_cell_value(cell), (*_GUARDED_SCALARS, Tensor)):
+                self.cells.append(cell)
+                self.labels.append(f"closure variable {n!r}")
+
+    def values(self) -> list[Any]:
+        g = self.globals
+        return [Tensor.training, *[g.get(n, _MISSING) for n in self.global_names],
+                *[_cell_value(c) for c in self.cells]]
+
+    def state(self) -> tuple[Any, ...]:
+        """What one call compares with its capture (a tuple compare: a few microseconds)."""
+        return tuple(_guard_token(v) for v in self.values())
+
+    def describe_change(self, old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
+        for label, a, b in zip(self.labels, old, new, strict=True):
+            if a != b:
+                if a[0] == "tensor" or b[0] == "tensor":
+                    return f"{label} is a different Tensor object than at capture"
+                return f"{label} is {_short(b[1])} but was {_short(a[1])} at capture"
+        return "a guarded value changed"
+
+
 # ---------------------------------------------------------------------------------------------- TinyJit
 class TinyJit(Generic[ReturnT]):
     """Decorator: call 1 runs `fn` eagerly, call 2 captures the kernels it launches, later calls replay
@@ -483,15 +636,41 @@ class TinyJit(Generic[ReturnT]):
     (captures are kept per signature). A different non-Tensor argument always raises: its value was baked
     into the kernels. reuse_outputs=True lets each replay write into the same output buffers (faster;
     Tensors returned by an earlier call then change).
+
+    What a replay does besides launching the kernels, so that it behaves as an eager call:
+
+    - writes: every assign the function makes is run inside the capture (also one whose Tensor the
+      return value does not read), so each replay repeats it; assigns still pending from before a call
+      are run before it, since a replay reads the state buffers directly.
+    - random numbers: each replay writes the keys its draws would get eagerly (current seed, current
+      Tensor._rng_counter + the draw's offset in the call) into the captured key buffers and advances
+      Tensor._rng_counter by the call's draws, so eager call 1, capture, replays 3..N give the numbers
+      of N eager calls. Tensor.manual_seed inside the function is refused at capture.
+    - Tensor.training: part of every guard. A call in the other mode uses a capture made in that mode
+      (made on first need, then kept), never the one made in the other mode.
+    - globals and closure variables: at capture the values of the module globals the function's code
+      names and of its closure cells are recorded when they are Python scalars (bool, int, float,
+      str) or None (compared by type and value) or Tensors (compared by identity: rebinding the name to
+      another Tensor counts as a change, assigning into the same Tensor does not). A call that finds one
+      changed captures again (captures per guard state are kept, so values that alternate reuse them);
+      after `max_recaptures` such re-captures it raises JitError naming the variable instead.
+      Attributes of objects, globals read by other functions the function calls, and the contents of
+      lists, dicts or arrays are not guarded: see docs/reliability.md ("TinyJit guards"), and
+      JIT_VERIFY=N (every N-th call also runs eagerly and must agree with the replay).
     """
 
     def __init__(self, fn: Callable[..., ReturnT] | None, *, on_mismatch: str = "error",
-                 reuse_outputs: bool = False) -> None:
+                 reuse_outputs: bool = False, max_recaptures: int = MAX_GUARD_RECAPTURES) -> None:
         if on_mismatch not in MISMATCH_POLICIES:
             raise ValueError(f"on_mismatch must be one of {MISMATCH_POLICIES}, got {on_mismatch!r}")
         self.fn = fn
         self.on_mismatch = on_mismatch
         self.reuse_outputs = reuse_outputs
+        self.max_recaptures = max_recaptures
+        self.recaptures = 0  # captures made again because a guarded global/closure value changed
+        self._guards: _Guards | None = None
+        # every capture by (argument key, guard state); `captures` holds the one in use per argument key
+        self._variants: dict[tuple[Any, ...], CapturedGraph] = {}
         self.calls = 0
         self.captures: dict[tuple[Any, ...], CapturedGraph] = {}
         self.last: CapturedGraph | None = None
@@ -517,17 +696,19 @@ class TinyJit(Generic[ReturnT]):
         jit = store.get(key)
         if jit is None:
             jit = store[key] = TinyJit(self.fn.__get__(obj, objtype), on_mismatch=self.on_mismatch,
-                                       reuse_outputs=self.reuse_outputs)
+                                       reuse_outputs=self.reuse_outputs, max_recaptures=self.max_recaptures)
         return jit
 
     def reset(self) -> None:
         """Forget every capture; the next call runs eagerly again."""
         self.calls, self.captures, self.last = 0, {}, None
+        self._variants, self.recaptures = {}, 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnT:
         if _realize._captures and self.fn is not None:
             # Called inside another capture: run the Python so the outer capture records these kernels.
             return self._eager(args, kwargs)
+        _flush_pending_writes()
         if self.fn is not None and self.calls == 0:
             self.calls += 1
             return self._eager(args, kwargs)
@@ -538,10 +719,20 @@ class TinyJit(Generic[ReturnT]):
                 self._mismatch(call, recapture_possible=False)
             if self.last is not None and self.on_mismatch == "error":
                 self._mismatch(call, recapture_possible=True)
+        elif cap.guard_state is not None and self._guards is not None:
+            state = self._guards.state()
+            if state != cap.guard_state:
+                cap = self._guard_changed(call.key, cap, state)
+        if cap is None:
             self.calls += 1
             assert self.fn is not None
+            if self._guards is None:
+                self._guards = _Guards(self.fn)
+            values = self._guards.values()  # before the function runs: what it will read
             ret, cap = _capture(self.fn, self.name, call, args, kwargs, self.reuse_outputs)
-            self.captures[call.key] = cap
+            cap.guard_state = tuple(_guard_token(v) for v in values)
+            cap.guard_refs = [v for v in values if isinstance(v, Tensor)]
+            self.captures[call.key] = self._variants[(call.key, cap.guard_state)] = cap
             self.last = cap
             return ret  # type: ignore[no-any-return]
         self._check_consts(cap, call)
@@ -549,14 +740,65 @@ class TinyJit(Generic[ReturnT]):
         self.last = cap
         self.replays += 1
         self.kernels_replayed += cap.kernel_count
+        every = config.JIT_VERIFY() if self.fn is not None else 0
+        if every and self.calls % every == 0:
+            return self._verified_replay(cap, call, args, kwargs)  # type: ignore[no-any-return]
         return cap.replay(call)  # type: ignore[no-any-return]
+
+    def _guard_changed(self, key: tuple[Any, ...], cap: CapturedGraph,
+                       state: tuple[Any, ...]) -> CapturedGraph | None:
+        """The capture made for this guard state (kept from before), or None to capture again. Raises
+        once globals/closure values have forced max_recaptures captures."""
+        known = self._variants.get((key, state))
+        if known is not None:
+            self.captures[key] = known
+            return known
+        assert self._guards is not None and cap.guard_state is not None
+        if state[1:] != cap.guard_state[1:]:  # not only Tensor.training: counted
+            if self.recaptures >= self.max_recaptures:
+                raise JitError(f"TinyJit({self.name}): {self._guards.describe_change(cap.guard_state, state)}"
+                               f"; its value is baked into the captured kernels, and guarded values "
+                               f"changed {self.recaptures} times already (max_recaptures="
+                               f"{self.max_recaptures}). Pass values that change as Tensor arguments or "
+                               f"bound Variables, or keep them constant")
+            self.recaptures += 1
+        return None
 
     def _eager(self, args: Sequence[Any], kwargs: dict[str, Any]) -> ReturnT:
         assert self.fn is not None
         ret = self.fn(*args, **kwargs)
-        outs = _call_outputs(ret)
-        if outs:
-            Tensor.realize(*outs)
+        _finish_call(ret)
+        return ret
+
+    def _verified_replay(self, cap: CapturedGraph, call: _Call, args: Sequence[Any],
+                         kwargs: dict[str, Any]) -> Any:
+        """JIT_VERIFY: replay, then run the same call eagerly from the same starting state (buffers the
+        capture writes restored, same random counter) and compare outputs and written state. The eager
+        run's writes are the ones kept (they equal the replay's, or this raises)."""
+        state = cap.written_buffers(call)
+        before = [buffer_numpy(b) for b in state]
+        rng = Tensor._rng_counter
+        ret = cap.replay(call)
+        got = [t.numpy() for t in _collect_tensors(ret)]
+        got_state = [buffer_numpy(b) for b in state]
+        for b, data in zip(state, before, strict=True):
+            buffer_write(b, data)
+        Tensor._rng_counter = rng
+        want = [t.numpy() for t in _collect_tensors(self._eager(args, kwargs))]
+        if len(want) != len(got):
+            raise JitError(f"JIT_VERIFY: TinyJit({self.name}) call {self.calls}: the replay returned "
+                           f"{len(got)} tensors, an eager run {len(want)}")
+        labels = [f"returned tensor {i}" for i in range(len(got))] + \
+            [f"{'input' if role == 'in' else 'state'} buffer {k} (written in place)"
+             for role, k in cap.written]
+        want_state = [buffer_numpy(b) for b in state]
+        for label, a, w in zip(labels, got + got_state, want + want_state, strict=True):
+            problem = _differs(a, w)
+            if problem:
+                raise JitError(f"JIT_VERIFY: TinyJit({self.name}) call {self.calls}: the replay's {label} "
+                               f"differs from an eager run of the same call ({problem}). Something the "
+                               f"function reads changed in a way the guards do not see (see "
+                               f"docs/reliability.md, 'TinyJit guards'): pass it as an argument")
         return ret
 
     def _label(self, path: Path) -> str:
@@ -608,6 +850,11 @@ class TinyJit(Generic[ReturnT]):
         if self.last is None:
             raise JitError(f"TinyJit({self.name}): nothing captured yet; call the function twice "
                            f"before save()")
+        if self.last.rng_draws:
+            # the file format has no place for the key buffers a replay rewrites: a loaded graph would
+            # draw the same numbers on every call
+            raise JitError(f"TinyJit({self.name}): the capture draws random numbers (Tensor.rand, "
+                           f"dropout, ...); saved graphs cannot carry the random state yet")
         save_capture(self.last, path)
 
     @staticmethod
@@ -625,6 +872,23 @@ class TinyJit(Generic[ReturnT]):
         jit.captures[cap.key] = cap
         jit.last = cap
         return jit
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> str:
+    """Why two results of the same call disagree ('' if they agree): exact for integers and bools, a
+    float tolerance for floats (the same kernels run either way; the tolerance only absorbs a different
+    order of floating-point work if the eager schedule differs)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+    if a.dtype.kind == "f":
+        tol = 1e-2 if a.dtype.itemsize <= 2 else 1e-5
+        ok = np.isclose(a, b, rtol=tol, atol=tol / 10, equal_nan=True)
+    else:
+        ok = a == b
+    if bool(np.all(ok)):
+        return ""
+    i = int(np.flatnonzero(~np.asarray(ok).reshape(-1))[0])
+    return f"element {i}: replay {a.reshape(-1)[i]!r}, eager {b.reshape(-1)[i]!r}"
 
 
 def _short(x: Any) -> str:
