@@ -1557,7 +1557,8 @@ class Tensor(MathOps, NNOps):
 
     def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
         """Either torch's flat form (left, right of the last dim, then the one before, ...) or one
-        (before, after) pair or None per dim. Negative amounts crop."""
+        (before, after) pair or None per dim. Negative amounts crop, in every mode, before any padding
+        (so reflect/replicate/circular read the cropped tensor, as torch's F.pad)."""
         if mode not in ("constant", "reflect", "replicate", "circular"):
             raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
         pads: list[tuple[Any, Any]] = [(0, 0)] * self.ndim
@@ -1571,12 +1572,12 @@ class Tensor(MathOps, NNOps):
             if len(padding) != self.ndim:
                 raise ValueError(f"padding {tuple(padding)} needs one entry per dim of shape {self.shape}")
             pads = [(0, 0) if p is None else (p[0], p[1]) for p in padding]
-        if mode != "constant":
-            return self._pad_from_edges(pads, mode)
         x = self
         if any(isinstance(b, int) and b < 0 or isinstance(a, int) and a < 0 for b, a in pads):
             x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pads, x.shape)))
             pads = [(max(b, 0), max(a, 0)) for b, a in pads]
+        if mode != "constant":
+            return x._pad_from_edges(pads, mode)
         if all(b == 0 and a == 0 for b, a in pads):
             return x
         out = Tensor(UOp(Ops.PAD, x.dtype, (x.uop,), tuple(pads)))
@@ -1594,7 +1595,7 @@ class Tensor(MathOps, NNOps):
                 continue
             n = x.shape[d]
             limit = n - 1 if mode == "reflect" else n
-            if b < 0 or a < 0 or (mode != "replicate" and max(b, a) > limit):
+            if mode != "replicate" and max(b, a) > limit:
                 raise ValueError(f"{mode} padding {(b, a)} does not fit dim {d} of shape {self.shape}")
 
             def part(lo: int, hi: int, flip: bool = False, _d: int = d, _x: Tensor = x) -> Tensor:
@@ -2186,28 +2187,70 @@ class Tensor(MathOps, NNOps):
             raise ValueError(f"pooling over {n} dims needs at least {n} dims, got shape {self.shape}")
         return k, st, dl, pads
 
-    def max_pool2d(self, kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1, padding: Any = 0,
-                   ceil_mode: bool = False) -> Tensor:
-        k, st, dl, pads = self._pool_args(kernel_size, stride, dilation, padding)
+    def _max_pool(self, n: int, kernel_size: Any, stride: Any, dilation: Any, padding: Any, ceil_mode: bool,
+                  return_indices: bool) -> Tensor | tuple[Tensor, Tensor]:
+        """Max over windows of the last n dims. The indices (int64) are torch's: the flat position inside
+        each (unpadded) spatial plane of the first maximum in window order."""
+        k, st, dl, pads = self._pool_args(kernel_size, stride, dilation, padding, n)
+        spatial = tuple(self.shape[-n:])
         if ceil_mode:
-            pads = [(b, a + _ceil_extra(i, k_, s, d, b, a)) for (b, a), i, k_, s, d in
-                    zip(pads, self.shape[-2:], k, st, dl)]
-        low = -math.inf if self.dtype.is_float else self.dtype.min()
-        x = self.pad([(0, 0)] * (self.ndim - 2) + pads, value=low)
-        return x._pool(k, st, dl).max(tuple(range(self.ndim, self.ndim + 2)))
+            pads = [(b, a + _ceil_extra(i, k_, s, d, b, a))
+                    for (b, a), i, k_, s, d in zip(pads, spatial, k, st, dl)]
+        low: Any = -math.inf if self.dtype.is_float else False if self.dtype.is_bool \
+            else int(np.iinfo(self.dtype.np).min)
+        axes = tuple(range(self.ndim, self.ndim + n))
+        win = self.pad([(0, 0)] * (self.ndim - n) + pads, value=low)._pool(k, st, dl)
+        out = win.max(axes)
+        if not return_indices:
+            return out
+        plane = int(_prod(spatial))
+        # positions in window order increase with the flat input position, so the first maximum is the
+        # smallest position among the maxima (padding reads as `plane`, never picked while a real one is)
+        pos = Tensor.arange(plane, dtype=dtypes.int32, device=self.device).reshape(spatial)
+        pos = pos.pad(pads, value=plane)._pool(k, st, dl)
+        hit = win == out.reshape(out.shape + (1,) * n)
+        if self.dtype.is_float:
+            hit = hit | win.isnan()
+        return out, hit.where(pos, plane).min(axes).cast(dtypes.int64)
+
+    def max_pool2d(self, kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1, padding: Any = 0,
+                   ceil_mode: bool = False, return_indices: bool = False) -> Any:
+        """Max pooling over the last 2 dims (tinygrad's argument order). With return_indices, also the
+        int64 indices max_unpool2d takes. On ties the gradient is split between the maxima of a window
+        (torch gives it to the first)."""
+        return self._max_pool(2, kernel_size, stride, dilation, padding, ceil_mode, return_indices)
+
+    def _avg_pool(self, n: int, kernel_size: Any, stride: Any, dilation: Any, padding: Any, ceil_mode: bool,
+                  count_include_pad: bool, divisor_override: int | None) -> Tensor:
+        """Mean over windows of the last n dims, torch's divisors: the window's positions inside the
+        padded input (count_include_pad) or inside the input; ceil_mode's extra positions never count."""
+        k, st, dl, pads = self._pool_args(kernel_size, stride, dilation, padding, n)
+        spatial = tuple(self.shape[-n:])
+        extra = [_ceil_extra(i, k_, s, d, b, a) if ceil_mode else 0
+                 for (b, a), i, k_, s, d in zip(pads, spatial, k, st, dl)]
+        full = [(b, a + e) for (b, a), e in zip(pads, extra)]
+        ft = least_upper_float(self.dtype)
+        axes = tuple(range(self.ndim, self.ndim + n))
+        total = self.pad([(0, 0)] * (self.ndim - n) + full)._pool(k, st, dl).sum(axes, dtype=ft)
+        if divisor_override is not None:
+            if not isinstance(divisor_override, (int, np.integer)) or divisor_override == 0:
+                raise ValueError(f"divisor_override must be a non-zero int, got {divisor_override!r}")
+            return total / int(divisor_override)
+        if count_include_pad and not any(extra):
+            return total / _prod(k)
+        ones = self._const(1.0, ft, spatial)
+        if count_include_pad:
+            ones = ones.pad(pads, value=1.0).pad([(0, e) for e in extra])
+        else:
+            ones = ones.pad(full)
+        return total / ones._pool(k, st, dl).sum(tuple(range(n, 2 * n)))
 
     def avg_pool2d(self, kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1, padding: Any = 0,
-                   ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
-        if ceil_mode:
-            raise NotImplementedError("avg_pool2d with ceil_mode=True")
-        k, st, dl, pads = self._pool_args(kernel_size, stride, dilation, padding)
-        lead = [(0, 0)] * (self.ndim - 2)
-        axes = tuple(range(self.ndim, self.ndim + 2))
-        total = self.pad(lead + pads)._pool(k, st, dl).sum(axes, dtype=least_upper_float(self.dtype))
-        if count_include_pad:
-            return total / (k[0] * k[1])
-        ones = self._const(1.0, least_upper_float(self.dtype), self.shape[-2:]).pad(pads)
-        return total / ones._pool(k, st, dl).sum((2, 3))
+                   ceil_mode: bool = False, count_include_pad: bool = True,
+                   divisor_override: int | None = None) -> Tensor:
+        """Average pooling over the last 2 dims (tinygrad's argument order, torch's options)."""
+        return self._avg_pool(2, kernel_size, stride, dilation, padding, ceil_mode, count_include_pad,
+                              divisor_override)
 
     # ------------------------------------------------------------------ normalisation and attention
     def layernorm(self, axis: Axis = -1, eps: float = 1e-5) -> Tensor:
@@ -2230,9 +2273,24 @@ class Tensor(MathOps, NNOps):
 
     def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                      dropout_p: float = 0.0, is_causal: bool = False,
-                                     scale: float | None = None) -> Tensor:
-        """softmax(q @ k^T * scale + mask) @ v, as torch; a bool mask keeps the True positions."""
+                                     scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+        """softmax(q @ k^T * scale + mask) @ v, as torch; a bool mask keeps the True positions. With
+        enable_gqa, key and value heads (dim -3) are repeated (each head r times in a row, torch's
+        repeat_interleave) up to the query's head count, which must be a multiple of theirs."""
         q = self
+        if enable_gqa and q.ndim >= 3 and key.ndim >= 3 and value.ndim >= 3:
+            hq = q.shape[-3]
+
+            def heads(t: Tensor, what: str) -> Tensor:
+                h = t.shape[-3]
+                if h == hq:
+                    return t
+                if hq % h:
+                    raise ValueError(f"attention: query has {hq} heads, not a multiple of the {h} of {what}")
+                s = t.shape
+                x = t.reshape(s[:-2] + (1,) + s[-2:]).expand(s[:-2] + (hq // h,) + s[-2:])
+                return x.reshape(s[:-3] + (hq,) + s[-2:])
+            key, value = heads(key, f"key {key.shape}"), heads(value, f"value {value.shape}")
         if q.shape[-1] != key.shape[-1]:
             raise ValueError(f"attention: query {q.shape} and key {key.shape} differ in the last dim")
         sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
