@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_child(code: str, *args: str, timeout: float = 60, env: dict[str, str] | None = None) -> str:
     """Run `code` in a fresh interpreter; its stdout. A signal, an error exit or a hang fails the test."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", "DEV": "CPU", **(env or {})}
     try:
         res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
                              env=full_env, timeout=timeout)

@@ -626,7 +626,8 @@ class _Validator:
 
         # the variables this device's queue may read: its own relocations, the per-call values of the
         # inputs/outputs/buffers that live on it, the timeline, and the function's Variables
-        allowed: dict[str, UOp] = {v.arg[0]: v for v in (TIMELINE_ADDRESS, TIMELINE_WAIT, TIMELINE_SIGNAL)}
+        allowed: dict[str, UOp] = {v.arg[0]: v for v in (TIMELINE_ADDRESS, TIMELINE_WAIT, TIMELINE_SIGNAL,
+                                                          *_queue_variables(d["queue_kind"]))}
         arena = address_var(f"reloc.arena{i}")
         tables: dict[str, tuple[int, Callable[[int], str]]] = {
             "reloc.program": (len(programs), lambda k: label),
@@ -663,6 +664,9 @@ class _Validator:
                     else:
                         self.fail(f"{at}[1]", f"unknown graph variable {vname!r}")
                     if var is not expected:
+                        self.fail(f"{at}[1]", f"{vname} has the wrong range or dtype")
+                elif vname in allowed:  # a variable the queue's driver resolves when it lays the queue out
+                    if var is not allowed[vname]:
                         self.fail(f"{at}[1]", f"{vname} has the wrong range or dtype")
                 elif var not in known_vars and not _only_bound(expr, var):
                     self.fail(f"{at}[1]", f"variable {vname!r} (range [{var.arg[1]}, {var.arg[2]}]) is "
@@ -795,6 +799,15 @@ class _Validator:
             if len(fixed) == len(shape) and math.prod(fixed) > elements:
                 self.fail(f"{where}[1][2]", f"shape {shape} needs more than the {elements} elements of its "
                                             f"buffer")
+
+
+def _queue_variables(queue_kind: str) -> tuple[UOp, ...]:
+    """Variables a driver's queue resolves itself when a template is laid out (`HWQueue._load_layout`):
+    NV's compute queue places its data region at `DATA_BASE`."""
+    if queue_kind == "NVComputeQueue":
+        from rawgrad.drivers.nv.hcq import DATA_BASE
+        return (DATA_BASE,)
+    return ()
 
 
 def _nonzero(divisor: UOp) -> bool:
