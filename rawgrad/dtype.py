@@ -48,14 +48,18 @@ class DType:
         """The numpy dtype used to hold this type's data on the host (bfloat16 is held as uint16 bits)."""
         return np.dtype(self.np_name if self.np_name is not None else "uint16")
 
+    @property
     def min(self) -> int | float:
+        """The smallest value (a property, as in torch.finfo/iinfo and tinygrad; -inf for floats)."""
         if self.is_bool:
             return False
         if self.is_int:
             return 0 if self.is_unsigned else -(2 ** (8 * self.itemsize - 1))
         return -math.inf
 
+    @property
     def max(self) -> int | float:
+        """The largest value (inf for floats)."""
         if self.is_bool:
             return True
         if self.is_int:

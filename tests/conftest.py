@@ -78,8 +78,8 @@ def random_data(rng: np.random.Generator, shape: tuple[int, ...], dt: DType,
     if dt.is_bool:
         return rng.random(shape) < 0.5
     if dt.is_int:
-        lo = max(int(low) * 10, int(dt.min()))
-        hi = min(int(high) * 10, int(dt.max()))
+        lo = max(int(low) * 10, int(dt.min))
+        hi = min(int(high) * 10, int(dt.max))
         return rng.integers(lo, hi + 1, size=shape).astype(dt.np)
     return round_to(rng.uniform(low, high, size=shape), dt)
 

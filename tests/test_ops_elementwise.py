@@ -40,7 +40,9 @@ def test_promotion_rules():
     assert (t[dtypes.float16] + t[dtypes.bfloat16]).dtype == dtypes.float32
     assert (t[dtypes.float16] + t[dtypes.int64]).dtype == dtypes.float16
     assert (t[dtypes.bool] + t[dtypes.bool]).dtype == dtypes.bool
-    assert (t[dtypes.int8] + 1000).dtype == dtypes.int8  # a Python int never widens an int tensor
+    assert (t[dtypes.int8] + 100).dtype == dtypes.int8  # a Python int never widens an int tensor
+    with pytest.raises(OverflowError):  # and one the dtype cannot hold is refused, as numpy 2 does
+        t[dtypes.int8] + 1000
     assert (t[dtypes.int8] + 1.5).dtype == dtypes.float32
     assert (t[dtypes.float16] * 2.5).dtype == dtypes.float16
     assert (t[dtypes.bool] + 1).dtype == dtypes.int32

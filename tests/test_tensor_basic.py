@@ -57,7 +57,11 @@ def test_properties_and_repr():
     t = Tensor.ones(2, 3, 4)
     assert t.ndim == 3 and t.numel() == 24 and t.size() == (2, 3, 4) and t.size(-1) == 4
     assert len(t) == 2 and t.lazydata is t.uop and t.element_size() == 4 and t.nbytes() == 96
-    assert "shape=(2, 3, 4)" in repr(t) and "float32" in repr(t)
+    assert repr(Tensor([[1.5, 2.0]])) == "tensor([[1.5, 2. ]], dtype=float32, device=" + DEFAULT_DEVICE + ")"
+    assert repr(Tensor([1, 2], dtype="int8")).startswith("tensor([1, 2], dtype=int8")
+    assert "..." in str(Tensor.arange(5000))  # abbreviated like torch
+    np.testing.assert_array_equal(np.array(Tensor([[1, 2], [3, 4]])), [[1, 2], [3, 4]])
+    assert np.asarray(Tensor([1.5]), dtype=np.float64).dtype == np.float64
     assert t.requires_grad is None and t.grad is None
     assert Tensor([1.0], requires_grad=True).detach().requires_grad is False
     with pytest.raises(TypeError, match="0-d"):

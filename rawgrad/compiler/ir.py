@@ -522,8 +522,8 @@ def _compute_bounds(u: UOp) -> tuple[Any, Any]:
     if u.op is Ops.WHERE and dt.is_int:
         return min(u.src[1].vmin, u.src[2].vmin), max(u.src[1].vmax, u.src[2].vmax)
     if u.op is Ops.CAST and dt.is_int and u.src[0].dtype is not None and u.src[0].dtype.is_int:
-        return max(u.src[0].vmin, dt.min()), min(u.src[0].vmax, dt.max())
-    return dt.min(), dt.max()
+        return max(u.src[0].vmin, dt.min), min(u.src[0].vmax, dt.max)
+    return dt.min, dt.max
 
 
 # ---------------------------------------------------------------------- shape / device inference

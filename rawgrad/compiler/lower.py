@@ -81,7 +81,7 @@ def reduce_identity(op: Ops, dtype: DType) -> Any:
     if op is Ops.MUL:
         return True if dtype.is_bool else 1
     if op is Ops.MAX:
-        return dtype.min()
+        return dtype.min
     raise ValueError(f"unknown reduce op {op}")
 
 

@@ -40,6 +40,7 @@ _history: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 
 # tensors with requires_grad=True, by id (Tensor.__eq__ is elementwise, so no WeakSet of Tensors)
 _leaves: dict[int, weakref.ref[Tensor]] = {}
+_implicit_leaves: dict[int, weakref.ref[Tensor]] = {}  # requires_grad=None tensors made by the user
 
 
 # ---------------------------------------------------------------------- small UOp builders
@@ -257,6 +258,26 @@ def register_leaf(t: Tensor, flag: bool | None) -> None:
         _leaves[key] = weakref.ref(t, lambda _r: _leaves.pop(key, None))
     else:
         _leaves.pop(key, None)
+    if flag is not None:
+        _implicit_leaves.pop(key, None)
+
+
+def register_implicit_leaf(t: Tensor) -> None:
+    """A tensor the user made (from data or a factory) with requires_grad=None: tinygrad's "tracked if
+    used". backward() gives it a .grad when its loss depends on it and no tensor in that graph has
+    requires_grad=True (then torch's rule holds: only those). Results of ops are never implicit leaves."""
+    if t.dtype.is_float:
+        key = id(t)
+        _implicit_leaves[key] = weakref.ref(t, lambda _r: _implicit_leaves.pop(key, None))
+
+
+def implicit_leaves_in(nodes: set[UOp]) -> list[Tensor]:
+    found = []
+    for ref in list(_implicit_leaves.values()):
+        t = ref()
+        if t is not None and t.requires_grad is None and t.uop in nodes:
+            found.append(t)
+    return found
 
 
 def leaves_in(nodes: set[UOp]) -> list[Tensor]:

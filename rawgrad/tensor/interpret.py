@@ -158,7 +158,7 @@ def _reduce(val: np.ndarray, dt: DType, rop: Ops, axes: tuple[int, ...]) -> np.n
         elif rop is Ops.MUL:
             out = np.multiply.reduce(val.astype(acc), axis=ax, keepdims=True, dtype=acc)
         elif rop is Ops.MAX:
-            out = np.maximum.reduce(val.astype(acc), axis=ax, keepdims=True, initial=dt.min())
+            out = np.maximum.reduce(val.astype(acc), axis=ax, keepdims=True, initial=dt.min)
         else:
             raise NotImplementedError(f"interpreter: no reduce rule for {rop}")
     return _round_to(out, dt)

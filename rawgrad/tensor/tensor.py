@@ -218,10 +218,23 @@ def _is_scalar(x: Any) -> bool:
     return isinstance(x, (int, float, bool, np.generic))
 
 
+def _with_grad(t: Tensor, requires_grad: bool | None) -> Tensor:
+    """A factory's result: requires_grad as asked, or an implicit leaf (tinygrad's None) by default."""
+    if requires_grad is not None:
+        t.requires_grad = requires_grad
+    else:
+        _autograd.register_implicit_leaf(t)
+    return t
+
+
 def _check_int_fits(v: Any, dt: DType) -> None:
     """A Python int that an integer dtype cannot hold is refused (as numpy 2 does), never truncated."""
-    if isinstance(v, int) and not isinstance(v, bool) and dt.is_int and not dt.min() <= v <= dt.max():
-        raise OverflowError(f"Python integer {v} is out of range for {dt} ({dt.min()}..{dt.max()})")
+    if isinstance(v, int) and not isinstance(v, bool) and dt.is_int and not dt.min <= v <= dt.max:
+        raise OverflowError(f"Python integer {v} is out of range for {dt} ({dt.min}..{dt.max})")
+
+
+REPR_MAX_ELEMENTS = 1000  # print abbreviates past this many elements (torch's default threshold)
+REPR_EDGE_ITEMS = 3  # elements shown at each end of an abbreviated axis (torch's default)
 
 
 # ---------------------------------------------------------------------- basic-indexing plan
@@ -301,6 +314,7 @@ class Tensor(MathOps, NNOps):
                  requires_grad: bool | None = None):
         dt = to_dtype(dtype) if dtype is not None else None
         dev = _canon_device(device)
+        data_leaf = False
         if isinstance(data, UOp) and data.shape == () and data.device == "?":
             # a symbolic size (a bound Variable, or an expression of one: `x.sum(0) / n`) used as a value:
             # anchor it on the device with a 0 constant, the kernel then reads the Variable as an argument
@@ -335,6 +349,7 @@ class Tensor(MathOps, NNOps):
                         if arr.dtype.kind in "iu" else dtypes.default_float
             buf = buffer_from_numpy(_np_to_host(arr, dt), dt, dev)
             uop = UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
+            data_leaf = True
         if dt is not None and uop.dtype != dt:
             uop = UOp(Ops.CAST, dt, (uop,))
         if isinstance(data, (UOp, Tensor)) and device is not None and uop.device != dev:
@@ -342,6 +357,8 @@ class Tensor(MathOps, NNOps):
         self.uop: UOp = uop
         self.grad: Tensor | None = None
         self.requires_grad = requires_grad
+        if data_leaf and requires_grad is None:
+            _autograd.register_implicit_leaf(self)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -386,7 +403,25 @@ class Tensor(MathOps, NNOps):
         return self.permute(*range(self.ndim - 1, -1, -1))
 
     def __repr__(self) -> str:
-        return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device}>"
+        """Values like torch's repr (this realizes the tensor; big ones are abbreviated), then dtype and
+        device. Inside a TinyJit capture, or for a symbolic shape, only the shape is shown: reading values
+        there would freeze them into the capture."""
+        head = f"shape={self.shape}, dtype={self.dtype.name}, device={self.device}"
+        if not all(isinstance(d, int) for d in self.shape):
+            return f"<Tensor {head} (symbolic shape: not read)>"
+        try:
+            _realize.check_readback("repr")
+        except RuntimeError:
+            return f"<Tensor {head} (not read inside a TinyJit capture)>"
+        with np.printoptions(threshold=REPR_MAX_ELEMENTS, edgeitems=REPR_EDGE_ITEMS, precision=4):
+            body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({body}, dtype={self.dtype.name}, device={self.device}{grad})"
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """np.array(t) / np.asarray(t): the values (bfloat16 as float32), converted to `dtype` if given."""
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
 
     def __len__(self) -> int:
         if self.ndim == 0:
@@ -487,44 +522,54 @@ class Tensor(MathOps, NNOps):
         return fn(self.cast(dt))
 
     # ------------------------------------------------------------------ creation
+    # Every factory takes dtype, device and requires_grad (torch's keywords); requires_grad=None is
+    # tinygrad's "tracked if a loss depends on it".
     @staticmethod
-    def empty(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
+    def empty(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None,
+              requires_grad: bool | None = None) -> Tensor:
         shp, dt = _shape_arg(shape), to_dtype(dtype)
         buf = new_buffer(_canon_device(device), int(_prod(shp)), dt)
-        return Tensor(UOp(Ops.RESHAPE, dt, (buf,), shp))
+        return _with_grad(Tensor(UOp(Ops.RESHAPE, dt, (buf,), shp)), requires_grad)
 
     @staticmethod
-    def full(shape: Any, fill_value: Scalar, dtype: DTypeLike | None = None,
-             device: str | None = None) -> Tensor:
+    def full(shape: Any, fill_value: Scalar, dtype: DTypeLike | None = None, device: str | None = None,
+             requires_grad: bool | None = None) -> Tensor:
         shp = _shape_arg(shape if isinstance(shape, tuple) else (shape,))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(_scalar(fill_value))
         _check_int_fits(_scalar(fill_value), dt)
-        return Tensor._full(shp, _scalar(fill_value), dt, _canon_device(device))
+        return _with_grad(Tensor._full(shp, _scalar(fill_value), dt, _canon_device(device)), requires_grad)
 
     @staticmethod
-    def zeros(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.full(_shape_arg(shape), 0, to_dtype(dtype), device)
+    def zeros(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None,
+              requires_grad: bool | None = None) -> Tensor:
+        return Tensor.full(_shape_arg(shape), 0, to_dtype(dtype), device, requires_grad)
 
     @staticmethod
-    def ones(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.full(_shape_arg(shape), 1, to_dtype(dtype), device)
+    def ones(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None,
+             requires_grad: bool | None = None) -> Tensor:
+        return Tensor.full(_shape_arg(shape), 1, to_dtype(dtype), device, requires_grad)
 
-    def full_like(self, fill_value: Scalar, dtype: DTypeLike | None = None,
-                  device: str | None = None) -> Tensor:
-        return Tensor.full(self.shape, fill_value, dtype or self.dtype, device or self.device)
+    def full_like(self, fill_value: Scalar, dtype: DTypeLike | None = None, device: str | None = None,
+                  requires_grad: bool | None = None) -> Tensor:
+        return Tensor.full(self.shape, fill_value, dtype or self.dtype, device or self.device, requires_grad)
 
-    def zeros_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return self.full_like(0, dtype, device)
+    def zeros_like(self, dtype: DTypeLike | None = None, device: str | None = None,
+                   requires_grad: bool | None = None) -> Tensor:
+        return self.full_like(0, dtype, device, requires_grad)
 
-    def ones_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return self.full_like(1, dtype, device)
+    def ones_like(self, dtype: DTypeLike | None = None, device: str | None = None,
+                  requires_grad: bool | None = None) -> Tensor:
+        return self.full_like(1, dtype, device, requires_grad)
 
-    def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device)
+    def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None,
+                   requires_grad: bool | None = None) -> Tensor:
+        return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device,
+                            requires_grad=requires_grad)
 
     @staticmethod
     def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1,
-               dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
+               dtype: DTypeLike | None = None, device: str | None = None,
+               requires_grad: bool | None = None) -> Tensor:
         """Values start, start+step, ... below stop. The values are uploaded (an arange has no kernel of
         its own), so ops that compare against positions read them like any input."""
         if stop is None:
@@ -535,22 +580,24 @@ class Tensor(MathOps, NNOps):
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_int if all_int else dtypes.default_float
         n = max(0, math.ceil((stop - start) / step))
         vals = np.add(start, np.multiply(np.arange(n, dtype=np.int64 if all_int else np.float64), step))
-        return Tensor(vals, device=device, dtype=dt)
+        return Tensor(vals, device=device, dtype=dt, requires_grad=requires_grad)
 
     @staticmethod
     def linspace(start: float, end: float, steps: int, dtype: DTypeLike | None = None,
-                 device: str | None = None) -> Tensor:
+                 device: str | None = None, requires_grad: bool | None = None) -> Tensor:
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
-        return Tensor(np.linspace(start, end, steps), device=device, dtype=dtype or dtypes.default_float)
+        return Tensor(np.linspace(start, end, steps), device=device, dtype=dtype or dtypes.default_float,
+                      requires_grad=requires_grad)
 
     @staticmethod
-    def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None,
-            device: str | None = None) -> Tensor:
+    def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None,
+            requires_grad: bool | None = None) -> Tensor:
         n = _dim(n, "eye(n)")
         m = n if m is None else _dim(m, "eye(m)")
         rows = Tensor.arange(n, device=device).reshape(n, 1)
-        return (rows == Tensor.arange(m, device=device).reshape(1, m)).cast(to_dtype(dtype))
+        eye = (rows == Tensor.arange(m, device=device).reshape(1, m)).cast(to_dtype(dtype))
+        return _with_grad(eye, requires_grad)
 
     # ------------------------------------------------------------------ random numbers
     @staticmethod
@@ -832,7 +879,11 @@ class Tensor(MathOps, NNOps):
         """Accumulate d(self)/d(leaf) into `.grad` of every tensor with requires_grad in self's graph."""
         root, g = self._grad_root(gradient, "backward")
         root = _autograd.with_history(root, _autograd.leaf_nodes())
-        leaves = _autograd.leaves_in(set(root.toposort()))
+        nodes = set(root.toposort())
+        # the tensors with requires_grad=True; if the graph has none, the tensors the user made without
+        # saying (None: tinygrad's "tracked if used"). Marking any leaf gives torch's rule: only marked
+        # leaves get a .grad. An explicit requires_grad=False never gets one.
+        leaves = _autograd.leaves_in(nodes) or _autograd.implicit_leaves_in(nodes)
         if not leaves:
             raise RuntimeError("backward(): no tensor in this graph has requires_grad=True (a tensor "
                                "realized under no_grad keeps no graph to walk back through)")
@@ -1158,10 +1209,18 @@ class Tensor(MathOps, NNOps):
         return -((-a)._alu(Ops.MAX, -b))
 
     def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
+        """Bounds selected with where, so the gradient is 1 on [min_, max_] including the bounds and 0
+        outside (torch's clamp), NaN stays NaN, and min_ > max_ gives max_ everywhere (torch)."""
         if min_ is None and max_ is None:
             raise ValueError("clip needs at least one of min_ and max_")
-        x = self if min_ is None else self.maximum(min_)
-        return x if max_ is None else x.minimum(max_)
+        x = self
+        if min_ is not None:
+            lo, x = x._operands(min_, reverse=True)
+            x = (x < lo).where(lo, x)
+        if max_ is not None:
+            hi, x = x._operands(max_, reverse=True)
+            x = (x > hi).where(hi, x)
+        return x
 
     def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 (torch's names)
         return self.clip(min, max)
@@ -1169,10 +1228,12 @@ class Tensor(MathOps, NNOps):
     def isnan(self) -> Tensor:
         return self != self if self.dtype.is_float else self._const(False, dtypes.bool)
 
-    def isinf(self) -> Tensor:
-        if not self.dtype.is_float:
+    def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+        if not self.dtype.is_float or not (detect_positive or detect_negative):
             return self._const(False, dtypes.bool)
-        return (self == math.inf) | (self == -math.inf)
+        if not detect_negative:
+            return self == math.inf
+        return (self == -math.inf) if not detect_positive else (self == math.inf) | (self == -math.inf)
 
     def isfinite(self) -> Tensor:
         return (self.isinf() | self.isnan()).logical_not()
@@ -1212,9 +1273,11 @@ class Tensor(MathOps, NNOps):
         return self * self
 
     def abs(self) -> Tensor:
+        """|x| with torch's gradient sign(x) (0 at 0: the x*x branch is 0 there with slope 0); -0.0 gives
+        +0.0 and NaN stays NaN."""
         if self.dtype.is_bool or self.dtype.is_unsigned:
             return self
-        return (self < 0).where(-self, self)
+        return (self > 0).where(self, (self < 0).where(-self, self * self))
 
     def sign(self) -> Tensor:
         if self.dtype.is_bool:
@@ -1249,7 +1312,10 @@ class Tensor(MathOps, NNOps):
         return up.where(f + 1, f)
 
     def relu(self) -> Tensor:
-        return self.maximum(0)
+        """max(x, 0) with torch's gradient: 0 at x == 0 (maximum() would split a tie), NaN stays NaN."""
+        if self.dtype.is_bool:
+            return self
+        return (self > 0).where(self, (self == self).where(self._const(0), self))
 
     def relu6(self) -> Tensor:
         return self.relu().minimum(6)
@@ -1261,7 +1327,14 @@ class Tensor(MathOps, NNOps):
         return self._float_fn(lambda x: (x > 0).where(x, (x.exp() - 1) * alpha))
 
     def sigmoid(self) -> Tensor:
-        return self._float_fn(lambda x: (1 + (-x).exp())._alu(Ops.RECIP))
+        """1 / (1 + e^-x) computed from e^-|x| <= 1, so neither the value nor the gradient overflows for
+        large |x| (the plain form's gradient is inf/inf = NaN at x = -300)."""
+        def fn(x: Tensor) -> Tensor:
+            nonneg = x >= 0
+            z = nonneg.where(-x, x).exp()  # e^-|x|, with slope -1 / +1 on each side (correct at 0)
+            p = (1 + z)._alu(Ops.RECIP)
+            return nonneg.where(p, z * p)
+        return self._float_fn(fn)
 
     def logsigmoid(self) -> Tensor:
         return -(-self).softplus()
