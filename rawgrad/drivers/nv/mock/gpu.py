@@ -7,6 +7,8 @@ mirrored. Work runs on one "GPU" thread, as on hardware: the CPU rings a doorbel
 
 from __future__ import annotations
 
+import re
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ _MEM_OP_OK = {
     0xE: "L2_SYSMEM_INVALIDATE",
     0x10: "L2_FLUSH_DIRTY",
 }
+_SEM_RELEASE_WFI_BIT = 20  # NVC56F_SEM_EXECUTE_RELEASE_WFI (NV-FACTS 4.6)
 _SEM_ADDR_HI_BITS = {abi.AMPERE_CHANNEL_GPFIFO_A: 8, abi.HOPPER_CHANNEL_GPFIFO_A: 25}
 
 _COMPUTE_METHODS = {
@@ -123,20 +126,121 @@ for _i in range(3):  # RELEASE_*(i): config at 320 + 16i, semaphore record at 64
                  f"rel{_i}_lo": (_r, 32), f"rel{_i}_hi": (_r + 32, 25),
                  f"rel{_i}_pay_lo": (_r + 64, 32), f"rel{_i}_pay_hi": (_r + 96, 32)})
 _QMD_LAYOUTS = {4: (_V04, 3), 3: (_V03, 2)}  # major version -> (fields, release slots)
+
+# Every other field the driver writes, keyed by its header name (``NAME(i)`` for indexed fields; open-gpu-doc
+# clc9c0qmd.h NVC9C0_QMDV03_00_* and clcbc0qmd.h NVCBC0_QMDV04_00_*, NV-FACTS 5.4 / 5.5): name -> (low bit,
+# width). tests/nv/test_nv_mock_catches.py checks these against the header facts in test_qmd_headers.py and
+# that every field qmd.py's builders write is decoded here or in _V03 / _V04.
+_MAX_BANKS = 8  # CONSTANT_BUFFER_*(i), i = 0..7 in both layouts
+_V03_MORE: dict[str, tuple[int, int]] = {
+    "QMD_GROUP_ID": (128, 6), "SM_GLOBAL_CACHING_ENABLE": (134, 1),
+    "INVALIDATE_TEXTURE_HEADER_CACHE": (186, 1), "INVALIDATE_TEXTURE_SAMPLER_CACHE": (187, 1),
+    "INVALIDATE_TEXTURE_DATA_CACHE": (188, 1), "INVALIDATE_SHADER_DATA_CACHE": (189, 1),
+    "PROGRAM_PREFETCH_ADDR_LOWER_SHIFTED": (256, 32), "PROGRAM_PREFETCH_ADDR_UPPER_SHIFTED": (1632, 9),
+    "PROGRAM_PREFETCH_SIZE": (1641, 9),
+    "CWD_MEMBAR_TYPE": (368, 2), "API_VISIBLE_CALL_LIMIT": (378, 1), "SAMPLER_INDEX": (382, 1),
+    "DEPENDENT_QMD0_PREFETCH": (516, 1),
+    "MIN_SM_CONFIG_SHARED_MEM_SIZE": (562, 6), "MAX_SM_CONFIG_SHARED_MEM_SIZE": (569, 6),
+    "TARGET_SM_CONFIG_SHARED_MEM_SIZE": (657, 6),
+    "SHADER_LOCAL_MEMORY_LOW_SIZE": (736, 24), "SHADER_LOCAL_MEMORY_HIGH_SIZE": (1600, 24),
+    "BARRIER_COUNT": (763, 5),
+}
+for _i in range(_MAX_BANKS):
+    _b = 1024 + 64 * _i
+    _V03_MORE.update({f"CONSTANT_BUFFER_VALID({_i})": (640 + _i, 1),
+                      f"CONSTANT_BUFFER_ADDR_LOWER({_i})": (_b, 32),
+                      f"CONSTANT_BUFFER_ADDR_UPPER({_i})": (_b + 32, 17),
+                      f"CONSTANT_BUFFER_INVALIDATE({_i})": (_b + 50, 1),
+                      f"CONSTANT_BUFFER_SIZE_SHIFTED4({_i})": (_b + 51, 13)})
+_V04_MORE: dict[str, tuple[int, int]] = {
+    "QMD_GROUP_ID": (16, 6),
+    "SHADER_LOCAL_MEMORY_LOW_SIZE": (512, 24), "SHADER_LOCAL_MEMORY_HIGH_SIZE": (544, 24),
+    "API_VISIBLE_CALL_LIMIT": (568, 1), "SAMPLER_INDEX": (569, 1),
+    "INVALIDATE_TEXTURE_HEADER_CACHE": (602, 1), "INVALIDATE_TEXTURE_SAMPLER_CACHE": (603, 1),
+    "INVALIDATE_TEXTURE_DATA_CACHE": (604, 1), "INVALIDATE_SHADER_DATA_CACHE": (605, 1),
+    "INVALIDATE_INSTRUCTION_CACHE": (606, 1), "INVALIDATE_SHADER_CONSTANT_CACHE": (607, 1),
+    "MIN_SM_CONFIG_SHARED_MEM_SIZE": (608, 6), "MAX_SM_CONFIG_SHARED_MEM_SIZE": (614, 6),
+    "TARGET_SM_CONFIG_SHARED_MEM_SIZE": (620, 6),
+    "CWD_MEMBAR_TYPE": (1136, 2), "BARRIER_COUNT": (1211, 5),
+    "PROGRAM_PREFETCH_ADDR_LOWER_SHIFTED": (1344, 32), "PROGRAM_PREFETCH_ADDR_UPPER_SHIFTED": (1376, 17),
+    "PROGRAM_PREFETCH_SIZE": (1393, 9), "PROGRAM_PREFETCH_TYPE": (1402, 2),
+    "DEPENDENT_QMD_PREFETCH(0)": (372, 1),
+}
+for _i in range(3):
+    _c = 320 + 16 * _i
+    _V04_MORE.update({f"RELEASE_MEMBAR_TYPE({_i})": (_c + 3, 1),
+                      f"RELEASE_REDUCTION_ENABLE({_i})": (_c + 4, 1)})
+for _i in range(_MAX_BANKS):
+    _b = 1536 + 64 * _i
+    _V04_MORE.update({f"CONSTANT_BUFFER_VALID({_i})": (416 + 4 * _i, 1),
+                      f"CONSTANT_BUFFER_PREFETCH({_i})": (417 + 4 * _i, 2),
+                      f"CONSTANT_BUFFER_INVALIDATE({_i})": (419 + 4 * _i, 1),
+                      f"CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6({_i})": (_b, 32),
+                      f"CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6({_i})": (_b + 32, 19),
+                      f"CONSTANT_BUFFER_SIZE_SHIFTED4({_i})": (_b + 51, 13)})
+_QMD_MORE = {3: _V03_MORE, 4: _V04_MORE}
 _QMD_TYPES_OK = (0, 2)  # V04 QMD_TYPE: NVK leaves 0, GRID_CTA is 2 (NV-FACTS 5.5)
 _SCHEDULING_PCAS_ACTIONS = (2, 3, 9, 0xA, 0xB)  # PCAS actions that schedule the QMD (NV-FACTS 5.2)
 _DEPENDENT_SCHEDULE = 1  # DEPENDENT_QMD0_ACTION_QMD_SCHEDULE
 _MAX_CHAIN = 1 << 16  # dependent-QMD chain length before the mock calls it a loop
 _SHARED_RESERVED = 0x400  # sm_80+: SHARED_MEMORY_SIZE counts the reserved KiB (NV-FACTS 5.6)
-_MAX_REGISTERS = 255
-_MAX_BLOCK_THREADS = 1024
+_MAX_REGISTERS = 255  # REGISTER_COUNT is 9 bits, but an SM thread addresses R0..R254 (+RZ)
+_MAX_BLOCK_THREADS = 1024  # NV-FACTS 5.6 launch limits
+_MAX_BLOCK = (1024, 1024, 64)  # NV-FACTS 5.6: block dims <= (1024, 1024, 64)
+_MAX_GRID_X = 2**31 - 1  # NV-FACTS 5.6: grid <= (2^31-1, 65535, 65535); y/z are 16-bit fields anyway
+# Register file: 64 K 32-bit registers per SM, allocated per warp in 256-register units (NV-FACTS 5.6's
+# "max threads from registers" formula); a block that does not fit can never become resident.
+_REGISTER_FILE = 65536
+_REGISTER_ALLOC_UNIT = 256
+_WARP = 32
+# Named barriers per CTA: bar.sync ids 0..15 (PTX ISA "bar"), so BARRIER_COUNT > 16 is no valid request.
+_MAX_BARRIERS = 16
 _RELEASE_FOUR_WORDS = 0
+_RELEASE_MEMBAR_FE_SYSMEMBAR = 1  # NVCBC0_QMDV04_00_RELEASE_MEMBAR_TYPE_FE_SYSMEMBAR (NV-FACTS 5.5)
+_CWD_MEMBAR_NONE, _CWD_MEMBAR_SYSMEMBAR, _CWD_MEMBAR_L1 = 0, 1, 3  # *_CWD_MEMBAR_TYPE_L1_* (NV-FACTS 5.4)
+_PREFETCH_SHIFT = 8  # PROGRAM_PREFETCH_ADDR_*_SHIFTED = VA >> 8; PROGRAM_PREFETCH_SIZE in 256-byte units
+_PREFETCH_TYPES_OK = (0, 1)  # V04 PROGRAM_PREFETCH_TYPE: PREFETCH_LAUNCH 0, PREFETCH_POST 1 (clcbc0qmd.h)
+_BANK_SIZE_SHIFT, _BANK_V04_SHIFT = 4, 6  # CONSTANT_BUFFER_SIZE_SHIFTED4; V04 ADDR_*_SHIFTED6
+_MAX_BANK_BYTES = 0x10000  # a constant bank is at most 64 KiB
+# SM shared-memory carve-outs: the SM_CONFIG fields encode KiB/4 + 1 (NV-FACTS 5.4); the largest carve-out
+# is 100 KiB on sm_86/sm_89, 164 KiB on sm_80 and 228 KiB on sm_90 (NV-FACTS 5.5; CUDA programming guide,
+# compute capability table). A block may use at most 1 KiB less than the carve-out (the reserved KiB).
+_KIB = 1024
+_MAX_CARVEOUT_KIB = {0x800: 164, 0x806: 100, 0x809: 100, 0x900: 228}
+_SM_CONFIG_UNIT_KIB = 4
+# Local memory (NV-FACTS 5.6): per-thread bytes = EIATTR_MIN_STACK_SIZE + 0x240 (the stack starts 0x240 below
+# the top of the 16 MiB local window), and the SLM buffer holds round_up(local x 32, 0x200) per warp for every
+# warp of every SM of a TPC.
+_LOCAL_ABOVE_STACK = 0x240
+_LOCAL_ROUND = 32
+_SLM_WARP_ROUND = 0x200
 # Constant bank 0 (NV-FACTS 7.4): block dims at 0x00, grid dims at 0x0C; parameters from 0x160 (sm_8x) or
 # 0x210 (sm_90).
 _CB_BLOCK, _CB_GRID = 0x00, 0x0C
 _PARAM_OFFSET_BY_SM_MAJOR = {8: 0x160, 9: 0x210}
 _PTX_SECTION = ".rawgrad.ptx"
 _TEXT_PREFIX = ".text."
+
+# --- kernel image (ELF cubin) records the launch is checked against: restated from NV-FACTS 7.2, decoded
+# here on their own (not with cubin.py's reader), so a slip in the driver's reader is not mirrored ---
+_NV_INFO = ".nv.info"  # per-function records keyed by symbol index
+_NV_INFO_PREFIX = ".nv.info."  # per-kernel records
+_NV_SHARED_PREFIX = ".nv.shared."  # NOBITS, sh_size = static shared bytes
+# ptxas 13.0 for sm_90 also emits `.nv.shared.reserved.0`, and then `.nv.shared.<k>` already counts the
+# reserved KiB (a kernel with 72 bytes of shared memory gets a 0x448-byte section; sm_86 gets 0x48). Seen in
+# this project's ptxas output; not in NV-FACTS.
+_NV_SHARED_RESERVED_PREFIX = ".nv.shared.reserved."
+_CONSTANT_BANK_RE = re.compile(r"\.nv\.constant(\d+)(?:\.(.+))?")
+_INFO_RECORD = struct.Struct("<BBH")  # u8 format, u8 attribute, u16 value or payload length
+_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 0x01, 0x02, 0x03, 0x04
+_EIATTR_PARAM_CBANK = 0x0A  # u32 sym, u16 parameter offset in bank 0, u16 parameter bytes
+_EIATTR_MIN_STACK_SIZE = 0x12  # u32 sym, u32 bytes per thread
+_EIATTR_CBANK_PARAM_SIZE = 0x19  # HVAL parameter bytes
+_EIATTR_REGCOUNT = 0x2F  # u32 sym, u32 registers
+# BVAL barrier count: ptxas 13.0 writes 4 for a kernel using bar.sync 0 and 3, nothing without barriers
+# (seen in this project's ptxas output; the id is NVIDIA's EIATTR_NUM_BARRIERS, not in NV-FACTS).
+_EIATTR_NUM_BARRIERS = 0x4C
+_SH_INFO_REGS_SHIFT = 24  # sm_8x cubins: .text.<k> sh_info bits 31:24 = registers (NV-FACTS 7.2)
 
 
 class MockGPUFault(Exception):
@@ -209,15 +313,24 @@ class ChannelState:
     error: MockGPUFault | None = None
     seg: list[int] | None = None  # [va, length_dwords, pos]
     hdr: list[int] | None = None  # [sec_op, subch, method, remaining]
+    inflight: list[_Stream] = field(default_factory=list)  # launched grids not yet complete
+    active_ns: int = 0  # when the channel last made progress (idle completion counts from here)
 
 
 class MockGPU:
     """Front end for one mock GPU; all state is guarded by the owning kernel mock's lock."""
 
     def __init__(self, lock: threading.RLock, *, execute_kernels: bool = False, poll_s: float = 0.0005,
-                 sm_version: int = 0x900):
+                 sm_version: int = 0x900, max_warps_per_sm: int = 0, sm_per_tpc: int = 0,
+                 idle_complete_s: float = 0.2):
         self.lock = lock
         self.sm_version = sm_version
+        self.max_warps_per_sm, self.sm_per_tpc = max_warps_per_sm, sm_per_tpc  # SLM sizing (0: unchecked)
+        # Grids with nothing ordering them complete once their channel has been quiet this long: late enough
+        # that a release not ordered after them is seen (and acted on) first.
+        self.idle_complete_s = idle_complete_s
+        self._seq = 0  # orders launches and copy-engine accesses
+        self._access_log: list[_Access] = []  # copy-engine accesses while grids were in flight
         self._modules: dict[bytes, Any] = {}  # PTX source -> parsed interpreter module
         self.cv = threading.Condition(lock)
         self.channels: dict[int, ChannelState] = {}
@@ -268,11 +381,27 @@ class MockGPU:
                 progressed, blocked = False, False
                 for ch in list(self.channels.values()):
                     if self._runnable(ch):
-                        progressed |= self._run_channel(ch)
+                        if self._run_channel(ch):
+                            progressed, ch.active_ns = True, time.monotonic_ns()
                         blocked |= ch.blocked is not None
                 if progressed:
                     continue
-                self.cv.wait(self.poll_s if blocked else 0.05)
+                wait = self.poll_s if blocked else 0.05
+                now = time.monotonic_ns()
+                for ch in list(self.channels.values()):
+                    if not ch.inflight or ch.error is not None:
+                        continue
+                    left = ch.active_ns + int(self.idle_complete_s * 1e9) - now
+                    if left > 0:
+                        wait = min(wait, left / 1e9)
+                        continue
+                    try:  # the channel went quiet: its grids complete
+                        self._drain(ch)
+                    except MockGPUFault as f:
+                        self._fault(ch, f)
+                    progressed = True
+                if not progressed:
+                    self.cv.wait(wait)
 
     # -- memory ----------------------------------------------------------------------------------
     def _host(self, ch: ChannelState, va: int, n: int) -> int:
@@ -304,6 +433,11 @@ class MockGPU:
                     "MMU_FAULT", "copy engine access to unmapped GPU VA", va=bad, xid=XID_MMU_FAULT
                 )
             chunk = min(n - done, ms.va + ms.length - (src + done), md.va + md.length - (dst + done))
+            if any(c.inflight for c in self.channels.values()):  # a race with those grids is checked later
+                self._seq += 1
+                for write, at in ((False, src + done), (True, dst + done)):
+                    span = np.array([[at, at + chunk]], np.uint64)
+                    self._access_log.append(_Access(self._seq, ch.handle, write, span))
             hs, hd = self._host(ch, src + done, chunk), self._host(ch, dst + done, chunk)
             _ffi.memmove(_ffi.cast("void *", hd), _ffi.cast("void *", hs), chunk)
             done += chunk
@@ -326,6 +460,7 @@ class MockGPU:
     def _fault(self, ch: ChannelState, f: MockGPUFault) -> None:
         f.channel = ch.handle
         ch.error, ch.blocked, ch.kicked = f, None, False
+        ch.inflight = []  # a faulted channel's grids never complete
         self.faults.append(f)
         if ch.notifier_host is not None:
             note = _ffi.cast("uint8_t *", ch.notifier_host)
@@ -478,6 +613,8 @@ class MockGPU:
             or _HOST_MEM_OP_A <= method < _HOST_MEM_OP_D
         ):
             r[method] = data
+            if method == _HOST_WFI:  # the channel's engine finishes everything in flight
+                self._drain(ch)
             return True
         if method == _HOST_SEM_ADDR_HI:
             bits = _SEM_ADDR_HI_BITS[ch.cls]
@@ -507,6 +644,8 @@ class MockGPU:
         payload = (r.get(_HOST_SEM_PAYLOAD_HI, 0) << 32) | r.get(_HOST_SEM_PAYLOAD_LO, 0)
         op, is64, with_ts = ex & 7, bool(ex >> 24 & 1), bool(ex >> 25 & 1)
         if op == 1:  # RELEASE
+            if ex >> _SEM_RELEASE_WFI_BIT & 1:  # RELEASE_WFI: the engine goes idle before the write
+                self._drain(ch)
             self._semaphore_write(ch, va, payload, is64, with_ts)
             return True
         if op in (0, 2, 3, 4, 5):
@@ -548,15 +687,18 @@ class MockGPU:
             )
         key = (cls, method)
         ch.regs[key] = data  # type: ignore[index]
+        if method == 0x110:  # WAIT_FOR_IDLE: the engine finishes its grids before the next method
+            self._drain(ch)
         if method in (0x2C0, 0x2B8, 0x2BC):  # a SEND_*PCAS*_B starts the QMD named by SEND_PCAS_A
             qmd_va = ch.regs.get((cls, 0x2B4), 0) << 8  # type: ignore[call-overload]
             n = _QMD_BYTES.get(cls, 256)
             qmd = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, qmd_va, n)), n))
             action = data & 0xF
-            self.launches.append(MockLaunch(ch.handle, qmd_va, qmd, action))
+            launch = MockLaunch(ch.handle, qmd_va, qmd, action)
+            self.launches.append(launch)
             if self.execute_kernels and action in _SCHEDULING_PCAS_ACTIONS:
                 try:
-                    self._run_qmds(ch, cls, qmd_va)
+                    self._launch(ch, cls, qmd_va, qmd, launch)
                 except MockGPUFault as f:
                     if f.method is None:
                         f.method, f.pb_address = method, pb_addr
@@ -578,6 +720,9 @@ class MockGPU:
                 )
             va = (hi << 32) | ch.regs.get((cls, 0x1B04), 0)  # type: ignore[call-overload]
             one_word = bool(data >> 28 & 1)
+            # The engine writes a report semaphore behind the work before it in its pipeline (a third-party
+            # H100 bring-up uses it as the kernel-completion signal; NV-FACTS 5.1): an ordering point.
+            self._drain(ch)
             self._semaphore_write(ch, va, ch.regs.get((cls, 0x1B08), 0), False, not one_word)  # type: ignore
 
     def _copy_method(self, ch: ChannelState, cls: int, method: int, data: int, pb_addr: int) -> None:
@@ -630,33 +775,93 @@ class MockGPU:
             self._semaphore_write(ch, va, payload, is64, sem == 2)
 
     # -- kernel execution ------------------------------------------------------------------------------
-    def _run_qmds(self, ch: ChannelState, cls: int, qmd_va: int) -> None:
-        """Run the QMD at `qmd_va` and every QMD it schedules through DEPENDENT_QMD0."""
+    # The compute engine is asynchronous: SEND_PCAS validates the QMD against the loaded image and puts the
+    # grid "in flight"; it runs (its memory effects appear) only at an ordering point on its channel: a host
+    # WFI, a host release with RELEASE_WFI, the compute WAIT_FOR_IDLE, a report semaphore, or the channel
+    # staying quiet for `idle_complete_s` (work finishes eventually). A grid's dependent QMDs run after it.
+    # In-flight streams run latest first, so a launch that depends on an earlier one without a WFI reads
+    # stale data; when more than one stream (or another channel's copy) overlaps them, every access is
+    # tracked and a conflict is a fault. A release not ordered after the work (no RELEASE_WFI, or a QMD
+    # release without a membar) fires at once, before the grids complete.
+    def _launch(self, ch: ChannelState, cls: int, qmd_va: int, qmd: bytes, launch: MockLaunch) -> None:
+        grid = self._prepare(ch, cls, qmd_va, qmd, launch)
+        self._seq += 1
+        ch.inflight.append(_Stream(grid, self._seq))
+
+    def _drain(self, ch: ChannelState) -> None:
+        """Complete every grid in flight on `ch` (an ordering point)."""
+        streams, ch.inflight = ch.inflight, []
+        if not streams:
+            return
+        first = min(s.seq for s in streams)
+        foreign = [a for a in self._access_log if a.channel != ch.handle and a.seq > first]
+        track = len(streams) > 1 or bool(foreign)
+        for s in reversed(streams):  # latest first: exposes a launch that needed an earlier one to finish
+            self._run_stream(ch, s, track)
+        if not any(c.inflight for c in self.channels.values()):
+            self._access_log.clear()
+        if track:
+            self._check_unordered(streams, foreign)
+
+    def _run_stream(self, ch: ChannelState, s: _Stream, track: bool) -> None:
+        g = s.head
+        for _ in range(_MAX_CHAIN):
+            self._run_kernel(ch, g, track)
+            s.ran.append(g)
+            if not g.q.get(g.fields["dep_enable"]):
+                return
+            if g.q.get(g.fields["dep_action"]) != _DEPENDENT_SCHEDULE:
+                raise MockUnsupported("GR", f"dependent QMD action {g.q.get(g.fields['dep_action'])}",
+                                      va=g.qmd_va)
+            nxt = g.q.get(g.fields["dep_ptr"]) << 8
+            n = _QMD_BYTES.get(g.cls, 256)
+            qmd = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, nxt, n)), n))
+            launch = MockLaunch(ch.handle, nxt, qmd, _DEPENDENT_SCHEDULE, chained=True)
+            self.launches.append(launch)
+            g = self._prepare(ch, g.cls, nxt, qmd, launch)  # fetched when its parent completes
+        raise _gr_fault(f"dependent-QMD chain longer than {_MAX_CHAIN} (a loop?)", g.qmd_va)
+
+    def _check_unordered(self, streams: list[_Stream], foreign: list[_Access]) -> None:
+        spans = [(s, _merge([g.reads for g in s.ran]), _merge([g.writes for g in s.ran])) for s in streams]
+        for i, (a, ar, aw) in enumerate(spans):
+            for b, br, bw in spans[i + 1:]:
+                for what, x, y in (("both write", aw, bw), ("the first writes what the second reads", aw, br),
+                                   ("the second writes what the first reads", ar, bw)):
+                    hit = _overlap(x, y)
+                    if hit is not None:
+                        raise _gr_fault(
+                            f"unordered overlapping writes: {a.describe()} and {b.describe()} were in flight "
+                            f"together with no WFI or dependent-QMD chain between them, and {what} "
+                            f"[{hit[0]:#x}, {hit[1]:#x})", b.head.qmd_va)
+        for acc in foreign:
+            for s, r, w in spans:
+                if acc.seq <= s.seq:
+                    continue
+                hit = _overlap(w, acc.span)  # a read races the grid's writes, a write its reads too
+                if hit is None and acc.write:
+                    hit = _overlap(r, acc.span)
+                if hit is not None:
+                    raise _gr_fault(
+                        f"unordered access: the {acc.what} on channel {acc.channel:#x} "
+                        f"{'wrote' if acc.write else 'read'} [{hit[0]:#x}, {hit[1]:#x}) while "
+                        f"{s.describe()}, which touches it, was still in flight: whatever let it run was "
+                        f"not ordered after the kernel (a semaphore release without RELEASE_WFI, or a "
+                        f"missing WFI)",
+                        s.head.qmd_va)
+
+    def _prepare(self, ch: ChannelState, cls: int, qmd_va: int, qmd: bytes, launch: MockLaunch) -> _Grid:
+        """Decode and check a QMD at launch; fire its releases that nothing orders after the grid."""
         n = _QMD_BYTES.get(cls, 256)
         want_major = 4 if n == 384 else 3
-        for step in range(_MAX_CHAIN):
-            if step:
-                qmd = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, qmd_va, n)), n))
-            else:
-                qmd = self.launches[-1].qmd
-            q = _QMDView(qmd)
-            major = q.get(_V04["major"])
-            if major != want_major:
-                raise _gr_fault(f"QMD at {qmd_va:#x} has major version {major}; class {cls:#x} takes "
-                                f"{want_major}", qmd_va)
-            fields, slots = _QMD_LAYOUTS[major]
-            if step:
-                self.launches.append(MockLaunch(ch.handle, qmd_va, qmd, _DEPENDENT_SCHEDULE, chained=True))
-            self._run_kernel(ch, q, fields, qmd_va)
-            self._qmd_releases(ch, q, fields, slots, qmd_va)
-            if not q.get(fields["dep_enable"]):
-                return
-            if q.get(fields["dep_action"]) != _DEPENDENT_SCHEDULE:
-                raise MockUnsupported("GR", f"dependent QMD action {q.get(fields['dep_action'])}", va=qmd_va)
-            qmd_va = q.get(fields["dep_ptr"]) << 8
-        raise _gr_fault(f"dependent-QMD chain longer than {_MAX_CHAIN} (a loop?)", qmd_va)
-
-    def _run_kernel(self, ch: ChannelState, q: _QMDView, f: dict[str, tuple[int, int]], qmd_va: int) -> None:
+        q = _QMDView(qmd)
+        major = q.get(_V04["major"])
+        if major != want_major:
+            raise _gr_fault(f"QMD at {qmd_va:#x} has major version {major}; class {cls:#x} takes "
+                            f"{want_major}", qmd_va)
+        f, slots = _QMD_LAYOUTS[major]
+        more = {k: q.get(v) for k, v in _QMD_MORE[major].items()}
+        if q.get(f["minor"]):
+            raise _gr_fault(f"QMD minor version {q.get(f['minor'])}; only {major}.0 is known", qmd_va)
         if f is _V04 and q.get(f["qmd_type"]) not in _QMD_TYPES_OK:
             raise _gr_fault(f"QMD_TYPE {q.get(f['qmd_type'])} is not a grid launch", qmd_va)
         sass = q.get(f["sass"])
@@ -665,49 +870,187 @@ class MockGPU:
             raise _gr_fault(f"SASS_VERSION {sass:#x} does not match this GPU ({want_sass:#x})", qmd_va)
         grid = (q.get(f["grid_x"]), q.get(f["grid_y"]), q.get(f["grid_z"]))
         block = (q.get(f["block_x"]), q.get(f["block_y"]), q.get(f["block_z"]))
-        if min(grid) < 1 or min(block) < 1 or block[0] * block[1] * block[2] > _MAX_BLOCK_THREADS:
-            raise _gr_fault(f"bad launch shape: grid {grid}, block {block}", qmd_va)
-        regs = q.get(f["registers"])
-        if not 1 <= regs <= _MAX_REGISTERS:
-            raise _gr_fault(f"REGISTER_COUNT {regs} is outside 1..{_MAX_REGISTERS}", qmd_va)
-        if q.get(f["shared"]) < _SHARED_RESERVED:
-            raise _gr_fault(f"SHARED_MEMORY_SIZE {q.get(f['shared']):#x} lacks the reserved "
-                            f"{_SHARED_RESERVED:#x}", qmd_va)
-        if not q.get(f["cb0_valid"]):
-            raise _gr_fault("constant buffer 0 is not valid", qmd_va)
-        if f is _V04:
-            bank_va = ((q.get(f["cb0_hi6"]) << 32) | q.get(f["cb0_lo6"])) << 6
-        else:
-            bank_va = (q.get(f["cb0_hi"]) << 32) | q.get(f["cb0_lo"])
-        bank_size = q.get(f["cb0_size16"]) << 4
-        param_off = _PARAM_OFFSET_BY_SM_MAJOR.get(self.sm_version >> 8, 0)
+        if (min(grid) < 1 or min(block) < 1 or block[0] * block[1] * block[2] > _MAX_BLOCK_THREADS
+                or grid[0] > _MAX_GRID_X or any(b > m for b, m in zip(block, _MAX_BLOCK))):
+            raise _gr_fault(f"bad launch shape: grid {grid}, block {block} (limits: grid x <= {_MAX_GRID_X}, "
+                            f"block <= {_MAX_BLOCK}, {_MAX_BLOCK_THREADS} threads)", qmd_va)
+        prog_va = (q.get(f["prog_hi"]) << 32) | q.get(f["prog_lo"])
+        need = self._find_program(ch, prog_va)
+        launch.entry, launch.grid, launch.block = need.entry, grid, block  # type: ignore[assignment]
+        self._check_resources(ch, cls, q, f, more, need, block, qmd_va)
+        self._check_program_fetch(more, need, prog_va, major, qmd_va)
+        bank_va, bank_size = self._check_banks(ch, more, need, major, qmd_va)
+        param_off = need.param_offset
+        if param_off is None:
+            param_off = _PARAM_OFFSET_BY_SM_MAJOR.get(self.sm_version >> 8, 0)
         if bank_size <= param_off:
             raise _gr_fault(f"constant bank 0 of {bank_size} bytes has no room for parameters at "
                             f"{param_off:#x}", qmd_va)
-        bank = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, bank_va, bank_size)), bank_size))
+        g = _Grid(launch, cls, qmd_va, q, f, more, slots, need.entry, need.ptx, prog_va, grid, block, bank_va,
+                  bank_size, param_off)
+        self._check_releases(ch, g)
+        return g
+
+    def _check_resources(self, ch: ChannelState, cls: int, q: _QMDView, f: dict[str, tuple[int, int]],
+                         more: dict[str, int], need: _ImageNeeds, block: tuple[int, int, int],
+                         qmd_va: int) -> None:
+        """Registers, shared memory, local memory and barriers against what the image says it needs."""
+        k = f"kernel {need.entry}"
+        reg_name = "REGISTER_COUNT" if f is _V04 else "REGISTER_COUNT_V"
+        regs = q.get(f["registers"])
+        if regs < max(1, need.registers) or regs > _MAX_REGISTERS:
+            raise _gr_fault(f"QMD {reg_name} = {regs}, but {k} needs {need.registers} registers per thread "
+                            f"(image REGCOUNT) and the hardware allows 1..{_MAX_REGISTERS}", qmd_va)
+        threads = block[0] * block[1] * block[2]
+        per_warp = -(-regs * _WARP // _REGISTER_ALLOC_UNIT) * _REGISTER_ALLOC_UNIT
+        if per_warp * -(-threads // _WARP) > _REGISTER_FILE:
+            raise _gr_fault(f"QMD {reg_name} = {regs} for {threads} threads needs "
+                            f"{per_warp * -(-threads // _WARP)} registers, more than the SM's "
+                            f"{_REGISTER_FILE}: the block can never be resident", qmd_va)
+        shared = q.get(f["shared"])
+        if shared < need.shared_need:
+            raise _gr_fault(f"QMD SHARED_MEMORY_SIZE = {shared:#x}, but {k} needs {need.shared_need:#x} (the "
+                            f"reserved {_SHARED_RESERVED:#x} + {need.shared_static:#x} bytes of static "
+                            f"shared memory, image .nv.shared.{need.entry})", qmd_va)
+        max_kib = _MAX_CARVEOUT_KIB.get(self.sm_version, 100)
+        cfg = {}
+        for name in ("MIN", "TARGET", "MAX"):
+            v = more[f"{name}_SM_CONFIG_SHARED_MEM_SIZE"]
+            kib = (v - 1) * _SM_CONFIG_UNIT_KIB
+            if v == 0 or kib > max_kib:
+                raise _gr_fault(f"QMD {name}_SM_CONFIG_SHARED_MEM_SIZE = {v} is no carve-out of this SM "
+                                f"(encoding KiB/4 + 1, at most {max_kib} KiB)", qmd_va)
+            cfg[name] = kib
+        if not cfg["MIN"] <= cfg["TARGET"] <= cfg["MAX"]:
+            raise _gr_fault(f"QMD SM_CONFIG_SHARED_MEM_SIZE carve-outs MIN {cfg['MIN']} / TARGET "
+                            f"{cfg['TARGET']} / MAX {cfg['MAX']} KiB are out of order", qmd_va)
+        if shared > cfg["MIN"] * _KIB:
+            raise _gr_fault(f"QMD SHARED_MEMORY_SIZE = {shared:#x} does not fit the "
+                            f"MIN_SM_CONFIG_SHARED_MEM_SIZE carve-out of {cfg['MIN']} KiB", qmd_va)
+        low, high = more["SHADER_LOCAL_MEMORY_LOW_SIZE"], more["SHADER_LOCAL_MEMORY_HIGH_SIZE"]
+        need_local = -(-(need.stack + _LOCAL_ABOVE_STACK) // _LOCAL_ROUND) * _LOCAL_ROUND
+        if low + high < need_local:
+            raise _gr_fault(f"QMD SHADER_LOCAL_MEMORY_HIGH_SIZE = {high:#x} (LOW {low:#x}), but {k} needs "
+                            f"{need_local:#x} bytes per thread (image MIN_STACK_SIZE {need.stack:#x} + "
+                            f"{_LOCAL_ABOVE_STACK:#x})", qmd_va)
+        if self.max_warps_per_sm and self.sm_per_tpc and low + high:
+            r = ch.regs
+            per_tpc = (r.get((cls, 0x2E4), 0) << 32) | r.get((cls, 0x2E8), 0)  # type: ignore[call-overload]
+            want = (-(-(low + high) * _WARP // _SLM_WARP_ROUND) * _SLM_WARP_ROUND * self.max_warps_per_sm
+                    * self.sm_per_tpc)
+            if per_tpc < want:
+                raise _gr_fault(f"QMD local memory of {low + high:#x} bytes per thread needs {want:#x} "
+                                f"bytes per TPC, but SET_SHADER_LOCAL_MEMORY_NON_THROTTLED_A/B gave "
+                                f"{per_tpc:#x}", qmd_va)
+        barriers = more["BARRIER_COUNT"]
+        if barriers < need.barriers or barriers > _MAX_BARRIERS:
+            raise _gr_fault(f"QMD BARRIER_COUNT = {barriers}, but {k} uses {need.barriers} barriers (image "
+                            f"NUM_BARRIERS) and a CTA has at most {_MAX_BARRIERS}", qmd_va)
+        if more["CWD_MEMBAR_TYPE"] not in (_CWD_MEMBAR_NONE, _CWD_MEMBAR_SYSMEMBAR, _CWD_MEMBAR_L1):
+            raise _gr_fault(f"QMD CWD_MEMBAR_TYPE = {more['CWD_MEMBAR_TYPE']} is not a membar type", qmd_va)
+        # Decoded and accepted as any value (no hardware rule and nothing to derive them from in the mock):
+        # QMD_GROUP_ID, SM_GLOBAL_CACHING_ENABLE, API_VISIBLE_CALL_LIMIT, SAMPLER_INDEX, the INVALIDATE_*
+        # cache bits (the mock has no caches), DEPENDENT_QMD*_PREFETCH and V04 CONSTANT_BUFFER_PREFETCH(i).
+
+    def _check_program_fetch(self, more: dict[str, int], need: _ImageNeeds, prog_va: int, major: int,
+                             qmd_va: int) -> None:
+        pre = ((more["PROGRAM_PREFETCH_ADDR_UPPER_SHIFTED"] << 32)
+               | more["PROGRAM_PREFETCH_ADDR_LOWER_SHIFTED"])
+        if pre != prog_va >> _PREFETCH_SHIFT:
+            raise _gr_fault(f"QMD PROGRAM_PREFETCH_ADDR_*_SHIFTED = {pre:#x}, but PROGRAM_ADDRESS >> 8 is "
+                            f"{prog_va >> _PREFETCH_SHIFT:#x}", qmd_va)
+        size = more["PROGRAM_PREFETCH_SIZE"] << _PREFETCH_SHIFT
+        if prog_va + size > need.mapping_end:
+            raise MockGPUFault("MMU_FAULT", f"QMD PROGRAM_PREFETCH_SIZE = {size:#x} bytes from {prog_va:#x} "
+                               f"runs past the image's mapping (ends {need.mapping_end:#x})",
+                               va=need.mapping_end, xid=XID_MMU_FAULT)
+        if major == 4 and more["PROGRAM_PREFETCH_TYPE"] not in _PREFETCH_TYPES_OK:
+            raise _gr_fault(f"QMD PROGRAM_PREFETCH_TYPE = {more['PROGRAM_PREFETCH_TYPE']}", qmd_va)
+
+    def _check_banks(self, ch: ChannelState, more: dict[str, int], need: _ImageNeeds, major: int,
+                     qmd_va: int) -> tuple[int, int]:
+        """Every valid constant bank is mapped and sized, and the banks the image has are bound; returns bank
+        0's VA and size."""
+        bank0 = (0, 0)
+        for i in range(_MAX_BANKS):
+            if not more[f"CONSTANT_BUFFER_VALID({i})"]:
+                if i == 0 or i in need.banks:
+                    raise _gr_fault(f"QMD CONSTANT_BUFFER_VALID({i}) = 0, but kernel {need.entry} reads "
+                                    f"constant bank {i}", qmd_va)
+                continue
+            size = more[f"CONSTANT_BUFFER_SIZE_SHIFTED4({i})"] << _BANK_SIZE_SHIFT
+            if major == 4:
+                va = ((more[f"CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6({i})"] << 32)
+                      | more[f"CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6({i})"]) << _BANK_V04_SHIFT
+            else:
+                va = ((more[f"CONSTANT_BUFFER_ADDR_UPPER({i})"] << 32)
+                      | more[f"CONSTANT_BUFFER_ADDR_LOWER({i})"])
+            if not 0 < size <= _MAX_BANK_BYTES:
+                raise _gr_fault(f"QMD CONSTANT_BUFFER_SIZE_SHIFTED4({i}) gives {size} bytes "
+                                f"(1..{_MAX_BANK_BYTES})", qmd_va)
+            try:
+                self._host(ch, va, size)
+            except MockGPUFault as e:
+                raise MockGPUFault("MMU_FAULT", f"constant bank {i} ({size} bytes at {va:#x}) is not mapped",
+                                   va=va, xid=XID_MMU_FAULT) from e
+            want = need.param_end if i == 0 else need.banks.get(i)
+            if want is not None and size < want:
+                what = "the parameters end" if i == 0 else f"image .nv.constant{i} has"
+                raise _gr_fault(f"QMD CONSTANT_BUFFER_SIZE_SHIFTED4({i}) gives {size:#x} bytes, but {what} "
+                                f"{want:#x} for kernel {need.entry}", qmd_va)
+            if i == 0:
+                bank0 = (va, size)
+        return bank0
+
+    def _check_releases(self, ch: ChannelState, g: _Grid) -> None:
+        f, more = g.fields, g.more
+        for i in range(g.slots):
+            if not g.q.get(f[f"rel{i}_enable"]):
+                continue
+            if g.q.get(f[f"rel{i}_struct"]) != _RELEASE_FOUR_WORDS:
+                raise MockUnsupported("GR", f"QMD release {i} structure size {g.q.get(f[f'rel{i}_struct'])}",
+                                      va=g.qmd_va)
+            if f is _V04 and more[f"RELEASE_REDUCTION_ENABLE({i})"]:
+                raise MockUnsupported("GR", f"QMD release {i} with a reduction", va=g.qmd_va)
+            va = (g.q.get(f[f"rel{i}_hi"]) << 32) | g.q.get(f[f"rel{i}_lo"])
+            if va % 16:  # four words: payload + timestamp (NV-FACTS 4.6)
+                raise MockGPUFault("SEMAPHORE_ALIGNMENT", f"QMD release {i} VA must be 16-byte aligned",
+                                   va=va, xid=XID_GR_EXCEPTION)
+            self._host(ch, va, 16)  # an unmapped release target faults at launch
+            # The release waits for the grid's stores only behind a membar: CWD_MEMBAR_TYPE (after each CTA)
+            # or, on V04, the release's own FE_SYSMEMBAR. Without one it can land before the grid's writes.
+            ordered = more["CWD_MEMBAR_TYPE"] != _CWD_MEMBAR_NONE or (
+                f is _V04 and more[f"RELEASE_MEMBAR_TYPE({i})"] == _RELEASE_MEMBAR_FE_SYSMEMBAR)
+            if not ordered:
+                self._qmd_release(ch, g, i)
+                g.early.add(i)
+
+    def _run_kernel(self, ch: ChannelState, g: _Grid, track: bool) -> None:
+        """Run one grid now (tests/ci_policy.py counts executed kernels by wrapping this)."""
+        bank = bytes(_ffi.buffer(_ffi.cast("char *", self._host(ch, g.bank_va, g.bank_size)), g.bank_size))
         prefix = np.frombuffer(bank[:_CB_GRID + 12], dtype=np.uint32)
         # compiled SASS reads blockDim/gridDim from bank 0: a wrong prefix would be a wrong kernel
-        if tuple(int(x) for x in prefix[:3]) != block or tuple(int(x) for x in prefix[3:6]) != grid:
+        if tuple(int(x) for x in prefix[:3]) != g.block or tuple(int(x) for x in prefix[3:6]) != g.grid:
             raise _gr_fault(f"constant bank 0 says block {tuple(prefix[:3])} grid {tuple(prefix[3:6])}, the "
-                            f"QMD "
-                            f"says block {block} grid {grid}", qmd_va)
-        prog_va = (q.get(f["prog_hi"]) << 32) | q.get(f["prog_lo"])
-        entry, ptx = self._find_program(ch, prog_va)
-        launch = self.launches[-1]
-        launch.entry, launch.grid, launch.block = entry, grid, block  # type: ignore[assignment]
-        module = self._module(ptx, prog_va)
-        memory = MockGlobalMemory(self, ch)
+                            f"QMD says block {g.block} grid {g.grid}", g.qmd_va)
+        module = self._module(g.ptx, g.prog_va)
+        memory = MockGlobalMemory(self, ch, track=track)
         try:
-            module.launch(entry, grid, block, bank[param_off:], memory)
+            module.launch(g.entry, g.grid, g.block, bank[g.param_off:], memory)
         except MockGPUFault:
             raise
         except Exception as e:  # an interpreter error is a kernel fault, never a dead GPU thread
             inner = _fault_in_chain(e)
             if inner is not None:
                 raise inner from e
-            raise _gr_fault(f"kernel {entry} failed: {type(e).__name__}: {e}", qmd_va) from e
+            raise _gr_fault(f"kernel {g.entry} failed: {type(e).__name__}: {e}", g.qmd_va) from e
+        if track:
+            g.reads, g.writes = memory.spans()
+        for i in range(g.slots):
+            if g.q.get(g.fields[f"rel{i}_enable"]) and i not in g.early:
+                self._qmd_release(ch, g, i)
 
-    def _find_program(self, ch: ChannelState, prog_va: int) -> tuple[str, str]:
+    def _find_program(self, ch: ChannelState, prog_va: int) -> _ImageNeeds:
         """The kernel whose code starts at `prog_va`: the image is the ELF at the start of that mapping."""
         space = ch.vaspace.data.get("uvm")
         m = space.lookup(prog_va) if space is not None else None
@@ -719,17 +1062,17 @@ class MockGPU:
         except elf.ElfError as e:
             raise _gr_fault(f"no kernel image at the program address's mapping: {e}", prog_va) from e
         off = prog_va - m.va
-        entry = next((s.name[len(_TEXT_PREFIX):] for s in f.sections
-                      if s.name.startswith(_TEXT_PREFIX) and s.offset == off), None)
-        if entry is None:
+        text = next((s for s in f.sections if s.name.startswith(_TEXT_PREFIX) and s.offset == off), None)
+        if text is None:
             raise _gr_fault(f"program address is at image offset {off:#x}, not the start of a .text section",
                             prog_va)
+        entry = text.name[len(_TEXT_PREFIX):]
         try:
             ptx = f.section(_PTX_SECTION).data.decode()
         except elf.ElfError as e:
             raise MockUnsupported("GR", f"kernel {entry} has no {_PTX_SECTION} section to interpret",
                                   va=prog_va) from e
-        return entry, ptx
+        return _decode_image(f, text, entry, ptx, m.va + m.length, prog_va)
 
     def _module(self, ptx: str, prog_va: int) -> Any:
         key = ptx.encode()
@@ -745,21 +1088,177 @@ class MockGPU:
                 raise _gr_fault(f"PTX rejected: {type(e).__name__}: {e}", prog_va) from e
         return mod
 
-    def _qmd_releases(self, ch: ChannelState, q: _QMDView, f: dict[str, tuple[int, int]], slots: int,
-                      qmd_va: int) -> None:
-        for i in range(slots):
-            if not q.get(f[f"rel{i}_enable"]):
-                continue
-            if q.get(f[f"rel{i}_struct"]) != _RELEASE_FOUR_WORDS:
-                raise MockUnsupported("GR", f"QMD release {i} structure size {q.get(f[f'rel{i}_struct'])}",
-                                      va=qmd_va)
-            va = (q.get(f[f"rel{i}_hi"]) << 32) | q.get(f[f"rel{i}_lo"])
-            payload = (q.get(f[f"rel{i}_pay_hi"]) << 32) | q.get(f[f"rel{i}_pay_lo"])
-            try:
-                self._semaphore_write(ch, va, payload, bool(q.get(f[f"rel{i}_p64"])), True)
-            except MockGPUFault as e:
-                e.xid = XID_MMU_FAULT if e.kind == "MMU_FAULT" else XID_GR_EXCEPTION
-                raise
+    def _qmd_release(self, ch: ChannelState, g: _Grid, i: int) -> None:
+        f = g.fields
+        va = (g.q.get(f[f"rel{i}_hi"]) << 32) | g.q.get(f[f"rel{i}_lo"])
+        payload = (g.q.get(f[f"rel{i}_pay_hi"]) << 32) | g.q.get(f[f"rel{i}_pay_lo"])
+        try:
+            self._semaphore_write(ch, va, payload, bool(g.q.get(f[f"rel{i}_p64"])), True)
+        except MockGPUFault as e:
+            e.xid = XID_MMU_FAULT if e.kind == "MMU_FAULT" else XID_GR_EXCEPTION
+            raise
+
+
+@dataclass
+class _ImageNeeds:
+    """What kernel `entry` of a loaded image needs from its QMD, from the image's own records."""
+
+    entry: str
+    ptx: str
+    mapping_end: int  # VA where the image's mapping ends (instruction prefetch must stay inside)
+    registers: int
+    shared_static: int
+    shared_need: int  # SHARED_MEMORY_SIZE at least, reserved KiB included
+    stack: int  # per-thread stack bytes
+    barriers: int
+    param_offset: int | None  # where the parameters start in bank 0 (EIATTR_PARAM_CBANK)
+    param_end: int | None  # bank 0 bytes the parameters need
+    banks: dict[int, int]  # other constant banks the kernel has: index -> bytes
+
+
+def _info_records(data: bytes, where: str, va: int) -> list[tuple[int, int | bytes]]:
+    out: list[tuple[int, int | bytes]] = []
+    off = 0
+    while off + _INFO_RECORD.size <= len(data):
+        fmt, attr, val = _INFO_RECORD.unpack_from(data, off)
+        off += _INFO_RECORD.size
+        if fmt == _EIFMT_SVAL:
+            out.append((attr, data[off:off + val]))
+            off += val
+        elif fmt in (_EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_NVAL):
+            out.append((attr, val if fmt != _EIFMT_NVAL else 0))
+        else:
+            raise _gr_fault(f"{where}: unknown record format {fmt:#x}", va)
+    return out
+
+
+def _decode_image(f: elf.ElfFile, text: elf.ElfSection, entry: str, ptx: str, mapping_end: int,
+                  va: int) -> _ImageNeeds:
+    sym = next((k for k, s in enumerate(f.symbols) if s.name == entry), None)
+    sections = {s.name: s for s in f.sections}
+    attrs: dict[int, int | bytes] = {}
+    if _NV_INFO in sections:  # keyed by symbol: keep this kernel's (an image without symbols has one kernel)
+        for attr, v in _info_records(sections[_NV_INFO].data, _NV_INFO, va):
+            if sym is None or not isinstance(v, bytes) or len(v) < 4 or struct.unpack_from("<I", v)[0] == sym:
+                attrs[attr] = v
+    if _NV_INFO_PREFIX + entry in sections:
+        attrs.update(_info_records(sections[_NV_INFO_PREFIX + entry].data, _NV_INFO_PREFIX + entry, va))
+
+    def second_u32(a: int) -> int:
+        v = attrs.get(a)
+        return struct.unpack_from("<II", v)[1] if isinstance(v, bytes) and len(v) >= 8 else 0
+
+    registers = max(second_u32(_EIATTR_REGCOUNT), text.info >> _SH_INFO_REGS_SHIFT)
+    barriers = attrs.get(_EIATTR_NUM_BARRIERS, 0)
+    param_offset = param_end = None
+    cbank = attrs.get(_EIATTR_PARAM_CBANK)
+    if isinstance(cbank, bytes) and len(cbank) >= 8:
+        _sym, param_offset, nbytes = struct.unpack_from("<IHH", cbank)
+        param_end = param_offset + nbytes
+    shared_sec = sections.get(_NV_SHARED_PREFIX + entry)
+    static = shared_sec.size if shared_sec is not None else 0
+    reserved_included = static >= _SHARED_RESERVED and any(
+        name.startswith(_NV_SHARED_RESERVED_PREFIX) for name in sections)
+    banks: dict[int, int] = {}
+    for s in f.sections:
+        m = _CONSTANT_BANK_RE.fullmatch(s.name)
+        if m is not None and int(m.group(1)) > 0 and m.group(2) in (None, entry):
+            banks[int(m.group(1))] = s.size
+    shared_need = static if reserved_included else _SHARED_RESERVED + static
+    return _ImageNeeds(entry, ptx, mapping_end, registers, static, shared_need,
+                       second_u32(_EIATTR_MIN_STACK_SIZE), barriers if isinstance(barriers, int) else 0,
+                       param_offset, param_end, banks)
+
+
+@dataclass
+class _Grid:
+    """A launch checked at SEND_PCAS (or when its parent QMD completed) and waiting to run."""
+
+    launch: MockLaunch
+    cls: int
+    qmd_va: int
+    q: _QMDView
+    fields: dict[str, tuple[int, int]]
+    more: dict[str, int]
+    slots: int
+    entry: str
+    ptx: str
+    prog_va: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    bank_va: int
+    bank_size: int
+    param_off: int
+    early: set[int] = field(default_factory=set)  # release slots already fired at launch
+    reads: np.ndarray | None = None  # (n, 2) sorted disjoint [lo, hi) spans, once run with tracking
+    writes: np.ndarray | None = None
+
+
+@dataclass
+class _Stream:
+    """A grid started by SEND_PCAS and the QMDs it schedules: ordered inside, unordered with other streams."""
+
+    head: _Grid
+    seq: int
+    ran: list[_Grid] = field(default_factory=list)
+
+    def describe(self) -> str:
+        names = ", ".join(dict.fromkeys(g.entry for g in self.ran)) or self.head.entry
+        return f"kernel {names} (QMD {self.head.qmd_va:#x})"
+
+
+@dataclass
+class _Access:
+    """A copy-engine access made while some grid was in flight."""
+
+    seq: int
+    channel: int
+    write: bool
+    span: np.ndarray  # (1, 2) [lo, hi)
+    what: str = "copy engine"
+
+
+_NO_SPANS = np.zeros((0, 2), np.uint64)
+
+
+def _spans(addr: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi) spans covering `size` bytes at every address, neighbours merged."""
+    a = np.unique(addr)
+    if a.size == 0:
+        return a, a
+    brk = np.nonzero(a[1:] > a[:-1] + np.uint64(size))[0]
+    lo = a[np.concatenate(([0], brk + 1))]
+    hi = a[np.concatenate((brk, [a.size - 1]))] + np.uint64(size)
+    return lo, hi
+
+
+def _merge(parts: list[np.ndarray | None]) -> np.ndarray:
+    """Sorted disjoint (n, 2) spans covering every span given."""
+    got = [p for p in parts if p is not None and len(p)]
+    if not got:
+        return _NO_SPANS
+    cat = np.concatenate(got)
+    order = np.argsort(cat[:, 0], kind="stable")
+    lo, hi = cat[order, 0], cat[order, 1]
+    reach = np.maximum.accumulate(hi)
+    starts = np.nonzero(np.concatenate(([True], lo[1:] > reach[:-1])))[0]
+    ends = np.concatenate((starts[1:], [lo.size])) - 1
+    return np.stack([lo[starts], reach[ends]], axis=1)
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
+    """The first overlap of two sorted disjoint span lists, or None."""
+    if not len(a) or not len(b):
+        return None
+    idx = np.searchsorted(a[:, 0], b[:, 1], side="left").astype(np.int64) - 1
+    ok = idx >= 0
+    hit = np.zeros(len(b), bool)
+    hit[ok] = a[idx[ok], 1] > b[ok, 0]
+    if not hit.any():
+        return None
+    k = int(np.argmax(hit))
+    j = int(idx[k])
+    return int(max(a[j, 0], b[k, 0])), int(min(a[j, 1], b[k, 1]))
 
 
 class _QMDView:
@@ -791,7 +1290,10 @@ def _fault_in_chain(e: BaseException) -> MockGPUFault | None:
 class MockGlobalMemory:
     """The interpreter's `GlobalMemory` over a channel's GPU mappings; unmapped accesses are MMU faults."""
 
-    def __init__(self, gpu: MockGPU, ch: ChannelState) -> None:
+    def __init__(self, gpu: MockGPU, ch: ChannelState, *, track: bool = False) -> None:
+        self._track = track  # record every span loaded / stored (to find unordered overlaps)
+        self._loaded: list[np.ndarray] = []
+        self._stored: list[np.ndarray] = []
         space = ch.vaspace.data.get("uvm")
         if space is None:
             raise MockGPUFault("MMU_FAULT", "channel VA space is not registered with UVM", xid=XID_MMU_FAULT)
@@ -824,6 +1326,8 @@ class MockGlobalMemory:
         dt = np.dtype(dtype)
         addr = np.asarray(addresses, dtype=np.uint64).reshape(-1)
         which = self._locate(addr, dt.itemsize, "load")
+        if self._track:
+            self._loaded.append(np.stack(_spans(addr, dt.itemsize), axis=1))
         out = np.empty((addr.size, dt.itemsize), np.uint8)
         lanes = np.arange(dt.itemsize, dtype=np.int64)
         for k in np.unique(which):
@@ -837,9 +1341,15 @@ class MockGlobalMemory:
         size = vals.dtype.itemsize
         addr = np.asarray(addresses, dtype=np.uint64).reshape(-1)
         which = self._locate(addr, size, "store")
+        if self._track:
+            self._stored.append(np.stack(_spans(addr, size), axis=1))
         raw = vals.view(np.uint8).reshape(-1, size)
         lanes = np.arange(size, dtype=np.int64)
         for k in np.unique(which):
             sel = which == k
             off = (addr[sel] - np.uint64(self._maps[int(k)].va)).astype(np.int64)
             self._view(int(k))[off[:, None] + lanes] = raw[sel]
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """(loaded, stored) as sorted disjoint [lo, hi) spans (tracking memories only)."""
+        return _merge(list(self._loaded)), _merge(list(self._stored))

@@ -265,7 +265,8 @@ class MockNV:
         self.profile, self.version, self.minor = profile, version, minor
         self.abi = abi.abi_for_branch("580")  # the mock *is* a 580 driver, whatever version string it reports
         self.lock = threading.RLock()
-        self.gpu = MockGPU(self.lock, execute_kernels=execute_kernels, sm_version=profile.sm_version)
+        self.gpu = MockGPU(self.lock, execute_kernels=execute_kernels, sm_version=profile.sm_version,
+                           max_warps_per_sm=profile.max_warps_per_sm, sm_per_tpc=profile.sm_per_tpc)
         self.real = osapi.LibcOS()
         self.fds: dict[int, FdState] = {}
         self._next_fd = _FD_BASE
