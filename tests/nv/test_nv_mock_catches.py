@@ -17,10 +17,12 @@ import pytest
 from rawgrad.drivers.nv import abi
 from rawgrad.drivers.nv.hcq import NVHCQDevice, _NVQueue
 from rawgrad.drivers.nv.mock import H100, GPUProfile, MockNV
-from rawgrad.drivers.nv.qmd import QMD, QMDV03, QMDV04
+from rawgrad.drivers.nv.mock import gpu as G
+from rawgrad.drivers.nv.qmd import MAX_CONSTANT_BUFFERS, QMD, QMDV03, QMDV04
 from rawgrad.drivers.nv.rm import NVError
 from rawgrad.hcq import DeviceFault, DeviceTimeout, HCQError
 
+from . import test_qmd_headers as H
 from .conftest import SMALL_WINDOW
 from .test_nv_device import KERNELS
 
@@ -109,10 +111,42 @@ def _ampere() -> GPUProfile:
     return AMPERE
 
 
-def test_every_decoded_field_is_checked_by_a_case() -> None:
-    # the fields the mock decodes to launch a kernel are all among the moved-field cases above
+def _written_fields(layout: type[QMD]) -> set[str]:
+    """Every field the driver's builders write, for a launch that uses all of them: every constant bank,
+    every release slot and a dependent QMD."""
+    q = layout()
+    q.launch(shared_bytes=0x100, registers=32, barriers=1, sass_version=0x90, local_bytes_per_thread=0x240)
+    q.grid(3, 2, 1).block(64, 2, 1).program(0x12_3456_7800, 0x300)
+    for i in range(MAX_CONSTANT_BUFFERS):
+        q.constant_buffer(i, 0x10_0000_0000 + 0x1000 * i, 0x200)
+    while q.release(0x20_0000_0000, 7):
+        pass
+    q.chain(0x30_0000_0000)
+    return set(q.values)
+
+
+@pytest.mark.parametrize("version", ["V03", "V04"])
+def test_every_field_the_driver_writes_is_decoded_by_the_mock(version: str) -> None:
+    """The driver's written fields against the MOCK's own decoder tables (gpu._V03/_V04 and the _MORE
+    tables), both named through NVIDIA's header (test_qmd_headers.py), so a field the driver writes but the
+    mock never reads fails here; the mock's extra table is checked against the header's bit ranges too."""
+    layout, plain, indexed, _, table, mock_names = H.LAYOUTS[version]
+    ours = H.header_ranges(plain, indexed)  # qmd.py names (NAME0)
+    header = H.header_ranges(plain, indexed, header_style=True)  # header names (NAME(0)), same order
+    to_header = dict(zip(ours, header, strict=True))
+    more = G._QMD_MORE[layout.MAJOR_VERSION]
+    wrong = {k: ((lo + width - 1, lo), header.get(k)) for k, (lo, width) in more.items()
+             if header.get(k) != (lo + width - 1, lo)}
+    assert not wrong, f"mock {version} extra fields (ours as (hi, lo), header) differ: {wrong}"
+    decoded = {mock_names[k] for k in table} | set(more)
+    written = {to_header[f] for f in _written_fields(layout)}
+    assert not written - decoded, f"{version}: the driver writes fields the mock never decodes: " \
+                                  f"{sorted(written - decoded)}"
+
+
+def test_moved_field_cases_name_real_fields() -> None:
     for layout in (QMDV03, QMDV04):
-        assert len(_moved_fields(layout)) == 10 and all(f in layout.FIELDS for f in _moved_fields(layout))
+        assert all(f in layout.FIELDS for f in _moved_fields(layout))
 
 
 # ------------------------------------------------------------------------------------------- struct sizes
