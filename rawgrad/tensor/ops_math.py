@@ -1,11 +1,498 @@
+# mypy: disable-error-code="misc"
+# (the methods annotate `self: Tensor`, the class they are mixed into; mypy files that under "misc")
 """Tensor methods for math, comparison, cumulative, sorting and shape helpers, composed from the core
 ops in tensor.py (which mixes this class into `Tensor`). Nothing here adds a new kernel op: every method
-is a composition the scheduler fuses like hand-written code."""
+is a composition the scheduler fuses like hand-written code, and autograd differentiates it like any other.
+
+Notes that hold for the whole file:
+- Float functions of int/bool inputs compute in the default float; float16/bfloat16 compute in float32 and
+  round once (as `Tensor._float_fn`).
+- Where a composite picks between two formulas with `where`, the unused branch is fed a harmless input
+  (the "double where"), so its inf/NaN cannot turn a zero gradient into NaN.
+- Sorting (sort, argsort, topk) ranks by counting: element i's position is the number of elements that
+  must come before it (smaller, or equal with a lower index), so the result is stable, and NaN sorts as
+  the largest value as in torch. That is O(n^2) compares per sorted row (n = the sorted axis length), in
+  two reduce kernels with nothing n*n-sized written to memory; fine for n up to a few thousand. A bitonic
+  network (O(n log^2 n)) would need log^2 n separate kernels and is left out.
+- cumprod, cummax, cummin and logcumsumexp are lower-triangular masked reductions (n^2 work), as cumsum.
+"""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from rawgrad.dtype import DType, DTypeLike, dtypes, least_upper_float, to_dtype
+
+if TYPE_CHECKING:
+    from rawgrad.tensor.tensor import Tensor
+
+_LN_2 = math.log(2.0)
+_LOG10_2 = math.log10(2.0)
+_TAN_PI_8 = math.tan(math.pi / 8)
+_BIG = 2.0 ** 28  # above this, asinh/acosh are log(2x) to far below float64's rounding
+# atan(u) / u as a polynomial in u*u for |u| <= tan(pi/8): a Chebyshev least-squares fit made for this
+# file, max error 1.4e-15 (so float64 results are good to a few ulp; float32 to rounding)
+_ATAN_COEFFS = (0.9999999999999993, -0.3333333333322464, 0.19999999978837593, -0.14285712686902882,
+                0.11111049585343807, -0.09089541974216601, 0.07673651810006352, -0.06506641058716663,
+                0.05026770854021795, -0.025342041106590094)
+# sinh(x) / x as a polynomial in x*x, the Taylor series to x^14 (error < 1e-17 relative for |x| <= 0.5)
+_SINH_COEFFS = tuple(1.0 / math.factorial(2 * k + 1) for k in range(8))
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+class ValuesIndices(NamedTuple):
+    """(values, indices), as torch's return types of sort/topk/cummax/cummin."""
+    values: Tensor
+    indices: Tensor
+
+
+def _poly(s: Tensor, coeffs: Sequence[float]) -> Tensor:
+    """coeffs[0] + coeffs[1]*s + ... by Horner's rule."""
+    acc = s * coeffs[-1] + coeffs[-2]
+    for c in reversed(coeffs[:-2]):
+        acc = acc * s + c
+    return acc
+
+
+def _atan(x: Tensor) -> Tensor:
+    """atan of a float tensor: reduce |x| to [0, 1] (1/x) and then to |u| <= tan(pi/8) ((t-1)/(t+1))."""
+    ax = x.abs()
+    big = ax > 1
+    t = big.where(big.where(ax, 1).reciprocal(), ax)
+    mid = t > _TAN_PI_8
+    u = mid.where((t - 1) / (t + 1), t)
+    r = u * _poly(u * u, _ATAN_COEFFS) + mid.cast(x.dtype) * (math.pi / 4)
+    r = big.where(math.pi / 2 - r, r)
+    return (x < 0).where(-r, r)
+
+
+def _log1p(y: Tensor) -> Tensor:
+    """log(1 + y), exact for small y: log(u) * y / (u - 1) with u = 1 + y rounded (the rounding of u
+    cancels), y itself where u rounds to 1."""
+    u = 1 + y
+    d = u - 1
+    tiny = d == 0
+    return tiny.where(y, u.log() * (y / tiny.where(1, d)))
+
+
+def _lower(n: int, device: str) -> Tensor:
+    """(n, n) bool: [i, j] is true where j <= i (element j is in prefix i)."""
+    from rawgrad.tensor.tensor import Tensor
+    pos = Tensor.arange(n, device=device)
+    return pos.reshape(n, 1) >= pos.reshape(1, n)
+
+
+def _take_last(x: Tensor, idx: Tensor) -> Tensor:
+    """x[..., idx[..., r]] along the last axis (idx (..., k) of int64, in range): a one-hot masked sum."""
+    from rawgrad.tensor.tensor import Tensor, _masked_sum
+    n = x.shape[-1]
+    hit = idx.unsqueeze(-1) == Tensor.arange(n, dtype=dtypes.int64, device=x.device)
+    return _masked_sum(hit, x.unsqueeze(-2)._broadcast_to(hit.shape), (hit.ndim - 1,))
+
+
+def _order_key(x: Tensor, largest: bool) -> Tensor:
+    """A tensor whose ascending MAX order is x's (largest) or reversed x's order (smallest)."""
+    if x.dtype.is_bool:
+        x = x.cast(dtypes.uint8)
+    if largest:
+        return x
+    return ~x if x.dtype.is_int else -x
+
+
+def _lowest(dt: DType) -> Any:
+    """The smallest value of an int or float dtype."""
+    if dt.is_float:
+        return -math.inf
+    return 0 if dt.is_unsigned else -(2 ** (8 * dt.itemsize - 1))
+
+
+def _after(a: Tensor, b: Tensor) -> Tensor:
+    """a > b with NaN the largest value (torch's sort order); bools compare as 0/1."""
+    if a.dtype.is_bool:
+        a, b = a.cast(dtypes.uint8), b.cast(dtypes.uint8)
+    gt = a > b
+    return gt | (a.isnan() & b.isnan().logical_not()) if a.dtype.is_float else gt
+
+
+def _same(a: Tensor, b: Tensor) -> Tensor:
+    """a == b with NaN equal to NaN."""
+    eq = a == b
+    return eq | (a.isnan() & b.isnan()) if a.dtype.is_float else eq
 
 
 class MathOps:
     """Mixed into `rawgrad.tensor.tensor.Tensor`; `self` is always a Tensor."""
 
     __slots__ = ()
+
+    # ------------------------------------------------------------------ dtype helpers
+    def astype(self: Tensor, dtype: DTypeLike) -> Tensor:
+        """Alias of cast (tinygrad/numpy)."""
+        return self.cast(dtype)
+
+    def type_as(self: Tensor, other: Tensor) -> Tensor:
+        """self cast to other's dtype."""
+        return self.cast(other.dtype)
+
+    # ------------------------------------------------------------------ inverse trig and hyperbolic
+    def atan(self: Tensor) -> Tensor:
+        """Arctangent (a fitted polynomial after range reduction; float64 to a few ulp)."""
+        return self._float_fn(_atan)
+
+    def asin(self: Tensor) -> Tensor:
+        """Arcsine, as 2 atan(x / (1 + sqrt(1 - x^2))); NaN outside [-1, 1]."""
+        return self._float_fn(lambda x: 2 * _atan(x / (1 + ((1 - x) * (1 + x)).sqrt())))
+
+    def acos(self: Tensor) -> Tensor:
+        """Arccosine, as 2 atan(sqrt((1 - x) / (1 + x))); NaN outside [-1, 1]."""
+        return self._float_fn(lambda x: 2 * _atan(((1 - x) / (1 + x)).sqrt()))
+
+    def sinh(self: Tensor) -> Tensor:
+        """Hyperbolic sine (a Taylor series for |x| <= 0.5, exp(x - ln2) - exp(-x - ln2) beyond)."""
+        def fn(x: Tensor) -> Tensor:
+            small = x.abs() <= 0.5
+            xs, xb = small.where(x, 0), small.where(0, x)
+            return small.where(xs * _poly(xs * xs, _SINH_COEFFS), (xb - _LN_2).exp() - (-xb - _LN_2).exp())
+        return self._float_fn(fn)
+
+    def cosh(self: Tensor) -> Tensor:
+        """Hyperbolic cosine, exp(x - ln2) + exp(-x - ln2) (finite wherever the result is)."""
+        return self._float_fn(lambda x: (x - _LN_2).exp() + (-x - _LN_2).exp())
+
+    def asinh(self: Tensor) -> Tensor:
+        """Inverse hyperbolic sine: log1p(|x| + x^2 / (1 + sqrt(1 + x^2))), log(2|x|) for huge |x|."""
+        def fn(x: Tensor) -> Tensor:
+            ax = x.abs()
+            big = ax > _BIG
+            a, b = big.where(1, ax), big.where(ax, 1)
+            r = big.where(b.log() + _LN_2, _log1p(a + a * a / (1 + (1 + a * a).sqrt())))
+            return (x < 0).where(-r, r)
+        return self._float_fn(fn)
+
+    def acosh(self: Tensor) -> Tensor:
+        """Inverse hyperbolic cosine: log1p(t + sqrt(t (t + 2))) with t = x - 1, log(2x) for huge x."""
+        def fn(x: Tensor) -> Tensor:
+            big = x > _BIG
+            t, b = big.where(0, x - 1), big.where(x, 1)
+            r = big.where(b.log() + _LN_2, _log1p(t + (t * (t + 2)).sqrt()))
+            return (x < 1).where(math.nan, r)  # t (t + 2) > 0 again below -1
+        return self._float_fn(fn)
+
+    def atanh(self: Tensor) -> Tensor:
+        """Inverse hyperbolic tangent: (log1p(x) - log1p(-x)) / 2; +-inf at +-1, NaN beyond."""
+        return self._float_fn(lambda x: (_log1p(x) - _log1p(-x)) * 0.5)
+
+    def log10(self: Tensor) -> Tensor:
+        """Base-10 logarithm."""
+        return self._float_fn(lambda x: x.log2() * _LOG10_2)
+
+    # ------------------------------------------------------------------ binary math
+    def _float_pair(self: Tensor, other: Any) -> tuple[Tensor, Tensor, DType]:
+        """self and other promoted, broadcast and cast to the float type they compute in (float32 for
+        halves), with the result dtype."""
+        a, b = self._operands(other)
+        dt = least_upper_float(a.dtype)
+        cdt = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+        return a.cast(cdt), b.cast(cdt), dt
+
+    def logaddexp(self: Tensor, other: Any) -> Tensor:
+        """log(exp(self) + exp(other)) without overflow: max + log1p(exp(-|self - other|))."""
+        a, b, dt = self._float_pair(other)
+        d = (a == b).where(0, -(a - b).abs())  # equal infinities: no inf - inf
+        return (a.maximum(b) + _log1p(d.exp())).cast(dt)
+
+    def copysign(self: Tensor, other: Any) -> Tensor:
+        """|self| with the sign bit of other (-0.0 and NaN signs included); ints promote to float."""
+        a, b = self._operands(other)
+        if not a.dtype.is_float:
+            dt = least_upper_float(a.dtype)
+            a, b = a.cast(dt), b.cast(dt)
+        bits = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[a.dtype.itemsize]
+        return ((a.bitcast(bits) < 0) == (b.bitcast(bits) < 0)).where(a, -a)
+
+    def lerp(self: Tensor, end: Any, weight: Any) -> Tensor:
+        """self + weight * (end - self), exact at weight 1 like torch (ints promote to float instead of
+        raising)."""
+        a, e, dt = self._float_pair(end)
+        d = e - a
+        if isinstance(weight, (int, float)):
+            out = a + d * weight if abs(weight) < 0.5 else e - d * (1 - weight)
+        else:
+            w = weight.cast(a.dtype)
+            out = (w.abs() < 0.5).where(a + d * w, e - d * (1 - w))
+        return out.cast(dt)
+
+    # ------------------------------------------------------------------ activations
+    def celu(self: Tensor, alpha: float = 1.0) -> Tensor:
+        """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
+        def fn(x: Tensor) -> Tensor:
+            pos = x > 0
+            return pos.where(x, ((pos.where(0, x) / alpha).exp() - 1) * alpha)
+        return self._float_fn(fn)
+
+    def selu(self: Tensor) -> Tensor:
+        """scale * (max(0, x) + min(0, alpha (exp(x) - 1))) with torch's alpha and scale."""
+        def fn(x: Tensor) -> Tensor:
+            pos = x > 0
+            return pos.where(x, (pos.where(0, x).exp() - 1) * _SELU_ALPHA) * _SELU_SCALE
+        return self._float_fn(fn)
+
+    def softsign(self: Tensor) -> Tensor:
+        """x / (1 + |x|)."""
+        return self._float_fn(lambda x: x / (1 + x.abs()))
+
+    def softmin(self: Tensor, dim: int = -1, dtype: DTypeLike | None = None) -> Tensor:
+        """softmax(-x) (F.softmin; dim defaults to -1 instead of torch's deprecated implicit choice)."""
+        x = self if dtype is None else self.cast(to_dtype(dtype))
+        return (x.logical_not() if x.dtype.is_bool else -x).softmax(dim)
+
+    def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+        """F.normalize: x / max(||x||_p over dim, eps)."""
+        def fn(x: Tensor) -> Tensor:
+            ax = x.abs()
+            if p == math.inf:
+                norm = ax.max(dim, keepdim=True).maximum(eps)
+            elif p == 1:
+                norm = ax.sum(dim, keepdim=True).maximum(eps)
+            elif p == 2:  # max(sqrt(s), eps) as sqrt(max(s, eps^2)): no sqrt'(0) = inf for a zero row
+                norm = (x * x).sum(dim, keepdim=True).maximum(eps * eps).sqrt()
+            else:
+                norm = (ax ** p).sum(dim, keepdim=True).maximum(eps ** p) ** (1 / p)
+            return x / norm
+        return self._float_fn(fn)
+
+    # ------------------------------------------------------------------ comparison
+    def isclose(self: Tensor, other: Any, rtol: float = 1e-05, atol: float = 1e-08,
+                equal_nan: bool = False) -> Tensor:
+        """|self - other| <= atol + rtol |other|, or equal (infinities are close only to themselves)."""
+        a, b = self._operands(other)
+        eq = a == b
+        if not a.dtype.is_float:  # ints: exact |a - b| (no wraparound), compared in the default float
+            a, b = (a.cast(dtypes.int64), b.cast(dtypes.int64)) if a.dtype.is_bool else (a, b)
+            diff = (a.maximum(b) - a.minimum(b)).cast(dtypes.default_float)
+            return eq | (diff <= b.abs().cast(dtypes.default_float) * rtol + atol)
+        near = (a - b).abs() <= b.abs() * rtol + atol
+        close = eq | (a.isfinite() & b.isfinite() & near)
+        return close | (a.isnan() & b.isnan()) if equal_nan else close
+
+    def allclose(self: Tensor, other: Any, rtol: float = 1e-05, atol: float = 1e-08,
+                 equal_nan: bool = False) -> bool:
+        """isclose everywhere, as a Python bool (realizes)."""
+        return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+    # ------------------------------------------------------------------ masks and data-dependent shapes
+    def masked_fill(self: Tensor, mask: Tensor, value: Any) -> Tensor:
+        """value (cast to self's dtype) where mask is true, else self."""
+        from rawgrad.tensor.tensor import Tensor
+        v = value if isinstance(value, Tensor) else Tensor(value, device=self.device)
+        return mask.bool().where(v.cast(self.dtype), self)
+
+    def masked_select(self: Tensor, mask: Tensor) -> Tensor:
+        """The elements where mask (broadcast with self) is true, as 1-d (realizes the mask)."""
+        from rawgrad.tensor.tensor import Tensor
+        shape = tuple(np.broadcast_shapes(self.shape, mask.shape))
+        picked = np.flatnonzero(mask.bool()._broadcast_to(shape).numpy())
+        return self._broadcast_to(shape).flatten()._take_rows(Tensor(picked.astype(np.int64),
+                                                                      device=self.device))
+
+    def nonzero(self: Tensor, as_tuple: bool = False) -> Tensor | tuple[Tensor, ...]:
+        """Indices of the nonzero elements, (n, ndim) int64 or one 1-d tensor per dim (realizes)."""
+        from rawgrad.tensor.tensor import Tensor
+        nz = (self != 0).numpy()
+        if as_tuple:  # torch treats a 0-d tensor as 1-d here
+            flat = nz.reshape(-1) if nz.ndim == 0 else nz
+            return tuple(Tensor(i.astype(np.int64), device=self.device) for i in np.nonzero(flat))
+        return Tensor(np.argwhere(nz).astype(np.int64), device=self.device)
+
+    # ------------------------------------------------------------------ cumulative
+    def cumprod(self: Tensor, dim: int = 0, dtype: DTypeLike | None = None) -> Tensor:
+        """Running product (ints and bools accumulate in int64 like torch)."""
+        x = self.cast(self._acc_dtype(self.dtype, dtype))
+        if self.ndim == 0:
+            self._axis(dim)
+            return x
+        ax = self._axis(dim)
+        xt = x.transpose(ax, -1)
+        return _lower(self.shape[ax], self.device).where(xt.unsqueeze(-2), 1) \
+            .prod(-1, dtype=x.dtype).transpose(ax, -1)
+
+    def _cum_extreme(self: Tensor, dim: int, largest: bool) -> ValuesIndices:
+        """cummax/cummin: the index is the last one holding the running extreme; a NaN sticks (torch)."""
+        from rawgrad.tensor.tensor import Tensor
+        ax = self._axis(dim)
+        if self.ndim == 0:
+            return ValuesIndices(self, Tensor._full((), 0, dtypes.int64, self.device))
+        n = self.shape[ax]
+        xt = self.transpose(ax, -1)
+        key = _order_key(xt, largest).unsqueeze(-2)  # (..., 1, j)
+        lower = _lower(n, self.device)
+        nan = key.isnan() if key.dtype.is_float else None
+        pool = lower if nan is None else lower & nan.logical_not()
+        best = pool.where(key, _lowest(key.dtype)).max(-1, keepdim=True)  # (..., i, 1), NaNs left out
+        hit = lower & (key == best)
+        if nan is not None:
+            hit = (lower & nan).any(-1, keepdim=True).where(lower & nan, hit)
+        pos = Tensor.arange(n, dtype=dtypes.int64, device=self.device)
+        idx = hit.where(pos, 0).max(-1)
+        return ValuesIndices(_take_last(xt, idx).transpose(ax, -1), idx.transpose(ax, -1))
+
+    def cummax(self: Tensor, dim: int) -> ValuesIndices:
+        """Running maximum and its index (the last one on ties, as torch)."""
+        return self._cum_extreme(dim, largest=True)
+
+    def cummin(self: Tensor, dim: int) -> ValuesIndices:
+        """Running minimum and its index (the last one on ties, as torch)."""
+        return self._cum_extreme(dim, largest=False)
+
+    def logcumsumexp(self: Tensor, dim: int) -> Tensor:
+        """log(cumsum(exp(x))), each prefix shifted by its own maximum so nothing under- or overflows."""
+        ax = self._axis(dim)
+        if self.ndim == 0:
+            return self._float_fn(lambda x: x)
+
+        def fn(x: Tensor) -> Tensor:
+            lower = _lower(x.shape[ax], x.device)
+            xt = x.transpose(ax, -1).unsqueeze(-2)
+            m = lower.where(xt, -math.inf).max(-1, keepdim=True)
+            m = m.isinf().where(0, m).detach()  # an all -inf (or +inf) prefix must not give inf - inf
+            s = lower.where(xt - m, -math.inf).exp().sum(-1).log() + m.squeeze(-1)
+            return s.transpose(ax, -1)
+        return self._float_fn(fn)
+
+    # ------------------------------------------------------------------ sorting
+    def _ranked(self: Tensor, dim: int, descending: bool, k: int | None = None) -> ValuesIndices:
+        """The first k (default all) elements in sorted order along dim, by counting ranks (stable)."""
+        from rawgrad.tensor.tensor import Tensor, _masked_sum
+        if self.ndim == 0:
+            self._axis(dim)
+            return ValuesIndices(self, Tensor._full((), 0, dtypes.int64, self.device))
+        ax = self._axis(dim)
+        n = self.shape[ax]
+        k = n if k is None else k
+        xt = self.transpose(ax, -1)
+        ki, kj = xt.unsqueeze(-1), xt.unsqueeze(-2)  # element i along rows, j along columns
+        pos = Tensor.arange(n, dtype=dtypes.int64, device=self.device)
+        first = _after(kj, ki) if descending else _after(ki, kj)  # j goes before i
+        first = first | (_same(ki, kj) & (pos.reshape(1, n) < pos.reshape(n, 1)))
+        rank = first.sum(-1)  # (..., i): where element i lands
+        hit = rank.unsqueeze(-2) == pos.shrink(((0, k),)).reshape(k, 1)  # (..., r, i)
+        vals = _masked_sum(hit, kj._broadcast_to(hit.shape), (hit.ndim - 1,))
+        idx = _masked_sum(hit, pos._broadcast_to(hit.shape), (hit.ndim - 1,))
+        return ValuesIndices(vals.transpose(ax, -1), idx.transpose(ax, -1))
+
+    def sort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> ValuesIndices:
+        """(values, indices) sorted along dim; always stable, NaN sorts as the largest (O(n^2), see top)."""
+        return self._ranked(dim, descending)
+
+    def argsort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+        """Indices that sort along dim (stable; see sort)."""
+        return self._ranked(dim, descending).indices
+
+    def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> ValuesIndices:
+        """The k largest (or smallest) along dim, always in sorted order; ties keep the lower index."""
+        n = self.shape[self._axis(dim)] if self.ndim else 1
+        if not 0 <= k <= n:
+            raise ValueError(f"topk: k={k} is out of range for size {n} (shape {self.shape})")
+        return self._ranked(dim, largest, k)
+
+    # ------------------------------------------------------------------ shape helpers
+    def roll(self: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
+        """Rotate elements along dims by shifts (flattened first when dims is None)."""
+        if dims is None:
+            if not isinstance(shifts, int):
+                raise ValueError("roll: shifts must be one int when dims is None")
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        sh = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        ds = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(sh) != len(ds):
+            raise ValueError(f"roll: {len(sh)} shifts for {len(ds)} dims")
+        x = self
+        for s, d in zip(sh, ds):
+            ax, n = x._axis(d), x.shape[x._axis(d)]
+            s = s % n if n else 0
+            if s:
+                cut = [(n - s, n) if i == ax else None for i in range(x.ndim)]
+                rest = [(0, n - s) if i == ax else None for i in range(x.ndim)]
+                x = x.shrink(cut).cat(x.shrink(rest), dim=ax)
+        return x
+
+    def diag(self: Tensor, diagonal: int = 0) -> Tensor:
+        """1-d -> the 2-d matrix with it on the given diagonal; 2-d -> that diagonal as 1-d."""
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise ValueError(f"diag needs a 1-d or 2-d tensor, got shape {self.shape}")
+        n, k = self.shape[0], diagonal
+        m = self.unsqueeze(1).pad(((0, 0), (0, n))).flatten().shrink(((0, n * n),)).reshape(n, n)
+        return m.pad(((0, k), (k, 0)) if k >= 0 else ((-k, 0), (0, -k)))
+
+    def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The diagonal of the (dim1, dim2) planes, as a new last dim (a view, like torch)."""
+        a, b = self._axis(dim1), self._axis(dim2)
+        if a == b:
+            raise ValueError(f"diagonal: dim1 and dim2 are both {a}")
+        rest = [i for i in range(self.ndim) if i not in (a, b)]
+        x = self.permute(rest + [a, b])
+        r, c = x.shape[-2:]
+        ro, co = (0, min(offset, c)) if offset >= 0 else (min(-offset, r), 0)
+        size = max(0, min(r - ro, c - co))
+        lead = x.shape[:-2]
+        x = x.shrink([None] * len(lead) + [(ro, ro + size), (co, co + size)]).reshape(lead + (size * size,))
+        x = x.pad([(0, 0)] * len(lead) + [(0, size)]).reshape(lead + (size, size + 1))
+        return x.shrink([None] * len(lead) + [None, (0, 1)]).reshape(lead + (size,))
+
+    @staticmethod
+    def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple[Tensor, ...]:
+        """Coordinate grids from 0-d/1-d tensors (a list of them also works); indexing 'ij' or 'xy'."""
+        one_list = len(tensors) == 1 and isinstance(tensors[0], (list, tuple))
+        ts = list(tensors[0]) if one_list else list(tensors)
+        if indexing not in ("ij", "xy"):
+            raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+        if any(t.ndim > 1 for t in ts):
+            raise ValueError("meshgrid takes 0-d or 1-d tensors")
+        axes = list(range(len(ts)))
+        if indexing == "xy" and len(ts) >= 2:
+            axes[0], axes[1] = 1, 0
+        shape = [0] * len(ts)
+        for t, ax in zip(ts, axes):
+            shape[ax] = t.numel()
+        return tuple(t.reshape([shape[i] if i == ax else 1 for i in range(len(ts))]).expand(shape)
+                     for t, ax in zip(ts, axes))
+
+    def repeat_interleave(self: Tensor, repeats: int | Sequence[int] | Tensor,
+                          dim: int | None = None) -> Tensor:
+        """Repeat each element along dim (flattened when None); repeats per element realize to the host."""
+        from rawgrad.tensor.tensor import Tensor
+        x, ax = (self.flatten(), 0) if dim is None else (self, self._axis(dim))
+        n = x.shape[ax]
+        reps = np.asarray(repeats.numpy() if isinstance(repeats, Tensor) else repeats).reshape(-1)
+        if reps.size == 1:
+            r = int(reps[0])
+            if r < 0:
+                raise ValueError(f"repeat_interleave: repeats must be >= 0, got {r}")
+            y = x.unsqueeze(ax + 1)
+            y = y.expand(y.shape[:ax + 1] + (r,) + y.shape[ax + 2:])
+            return y.reshape(x.shape[:ax] + (n * r,) + x.shape[ax + 1:])
+        if reps.size != n or (reps < 0).any():
+            raise ValueError(f"repeat_interleave: need {n} repeats >= 0 for dim {ax}, got {reps.tolist()}")
+        rows = Tensor(np.repeat(np.arange(n, dtype=np.int64), reps), device=self.device)
+        return x.transpose(0, ax)._take_rows(rows).transpose(0, ax)
+
+    def unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
+        """Tensor.unfold: windows of `size` every `step` along dimension, as a new last dim (size >= 1)."""
+        ax = self._axis(dimension)
+        if size < 1 or step < 1:
+            raise ValueError(f"unfold: size and step must be >= 1, got size={size}, step={step}")
+        if self.ndim == 0:
+            if size != 1:
+                raise ValueError(f"unfold: size {size} does not fit a 0-d tensor")
+            return self.reshape(1)
+        if size > self.shape[ax]:
+            raise ValueError(f"unfold: size {size} exceeds dim {ax} of shape {self.shape}")
+        w = self._windows(ax, size, step, 1)  # (..., out, size, ...)
+        return w.permute([i for i in range(w.ndim) if i != ax + 1] + [ax + 1])
