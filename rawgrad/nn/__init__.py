@@ -24,9 +24,10 @@ from rawgrad.nn.layers import (
     RMSNorm,
     Sequential,
 )
+from rawgrad.nn.module import Module
 from rawgrad.tensor.autograd import enable_grad, no_grad
 
 __all__ = ["optim", "state", "binary_cross_entropy", "binary_cross_entropy_with_logits", "conv_transpose2d",
            "cross_entropy", "l1_loss", "mse_loss", "nll_loss", "sparse_categorical_crossentropy",
            "BatchNorm", "BatchNorm1d", "BatchNorm2d", "Conv2d", "ConvTranspose2d", "Dropout", "Embedding",
-           "GroupNorm", "LayerNorm", "Linear", "RMSNorm", "Sequential", "enable_grad", "no_grad"]
+           "GroupNorm", "LayerNorm", "Linear", "Module", "RMSNorm", "Sequential", "enable_grad", "no_grad"]

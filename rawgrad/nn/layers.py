@@ -14,6 +14,7 @@ import numpy as np
 
 from rawgrad.dtype import DTypeLike, dtypes, to_dtype
 from rawgrad.nn.functional import conv_transpose2d
+from rawgrad.nn.module import Module
 from rawgrad.tensor.tensor import Tensor
 
 IntOrPair = int | Sequence[int]
@@ -34,7 +35,7 @@ def _pair(x: IntOrPair, n: int = 2) -> tuple[int, ...]:
     return (x,) * n if isinstance(x, int) else tuple(x)
 
 
-class Linear:
+class Linear(Module):
     """y = x @ weight.T + bias, weight (out_features, in_features) as torch; U(-1/sqrt(in), 1/sqrt(in))."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -47,7 +48,7 @@ class Linear:
         return x.linear(self.weight.T, self.bias)
 
 
-class Conv2d:
+class Conv2d(Module):
     """2-d convolution, weight (out, in // groups, kh, kw) as torch (torch's default init bound)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrPair, stride: IntOrPair = 1,
@@ -67,7 +68,7 @@ class Conv2d:
         return x.conv2d(self.weight, self.bias, self.groups, self.stride, self.dilation, self.padding)
 
 
-class ConvTranspose2d:
+class ConvTranspose2d(Module):
     """Transposed 2-d convolution, weight (in, out // groups, kh, kw) as torch."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrPair, stride: IntOrPair = 1,
@@ -88,7 +89,7 @@ class ConvTranspose2d:
                                 self.groups, self.dilation)
 
 
-class BatchNorm:
+class BatchNorm(Module):
     """Batch normalization over every axis but 1 (channels). In training, normalizes with the batch's
     statistics and moves the running ones by `momentum` (running_var takes the unbiased variance, as
     torch); otherwise normalizes with the running statistics.
@@ -160,7 +161,7 @@ class BatchNorm2d(BatchNorm):
         super()._check(x)
 
 
-class LayerNorm:
+class LayerNorm(Module):
     """Normalize over the trailing `normalized_shape` dims, then scale and shift elementwise."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5,
@@ -175,7 +176,7 @@ class LayerNorm:
         return x.layer_norm(self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-class RMSNorm:
+class RMSNorm(Module):
     """x / sqrt(mean(x^2 over the last dim) + eps) * weight."""
 
     def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = True,
@@ -188,7 +189,7 @@ class RMSNorm:
         return y if self.weight is None else y * self.weight
 
 
-class GroupNorm:
+class GroupNorm(Module):
     """Normalize each group of num_channels // num_groups channels (with all spatial positions)."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
@@ -210,7 +211,7 @@ class GroupNorm:
         return y if self.bias is None else y + self.bias.reshape(bshape)
 
 
-class Embedding:
+class Embedding(Module):
     """Rows of a (num_embeddings, embedding_dim) table picked by integer indices; N(0, 1) init."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype: DTypeLike | None = None):
@@ -224,7 +225,7 @@ class Embedding:
         return idx.embedding(self.weight)
 
 
-class Dropout:
+class Dropout(Module):
     """Zero each element with probability p while Tensor.training (scaling the rest by 1/(1-p))."""
 
     def __init__(self, p: float = 0.5):
@@ -236,7 +237,7 @@ class Dropout:
         return x.dropout(self.p)
 
 
-class Sequential:
+class Sequential(Module):
     """Call layers (any callables, e.g. Tensor.relu) in order; a list, so state dicts number them."""
 
     def __init__(self, *layers: Callable[[Tensor], Tensor]):

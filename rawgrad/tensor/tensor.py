@@ -227,6 +227,14 @@ def _with_grad(t: Tensor, requires_grad: bool | None) -> Tensor:
     return t
 
 
+def _random_leaf(t: Tensor, requires_grad: bool | None) -> Tensor:
+    """A random factory's result. Asked to require gradients it is realized now, so it is a leaf holding
+    fixed values (as in torch) and not a generator graph that later uses would differentiate through."""
+    if requires_grad:
+        t = t.realize()
+    return _with_grad(t, requires_grad)
+
+
 def _check_int_fits(v: Any, dt: DType) -> None:
     """A Python int that an integer dtype cannot hold is refused (as numpy 2 does), never truncated."""
     if isinstance(v, int) and not isinstance(v, bool) and dt.is_int and not dt.min <= v <= dt.max:
@@ -644,7 +652,8 @@ class Tensor(MathOps, NNOps):
         return bits[:n] if 2 * half != n else bits
 
     @staticmethod
-    def rand(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
+    def rand(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None,
+             requires_grad: bool | None = None) -> Tensor:
         """Uniform in [0, 1)."""
         shp, dt, dev = _shape_arg(shape), to_dtype(dtype), _canon_device(device)
         if not dt.is_float:
@@ -653,26 +662,29 @@ class Tensor(MathOps, NNOps):
         mant = {dtypes.float16: 10, dtypes.bfloat16: 7}.get(dt, 23)
         bits = Tensor._random_bits(int(_prod(shp)), dev)
         one_to_two = ((bits >> (32 - mant)) << (23 - mant)) | 0x3F800000  # float32 in [1, 2)
-        return (one_to_two.bitcast(dtypes.float32) - 1.0).cast(dt).reshape(shp)
+        return _random_leaf((one_to_two.bitcast(dtypes.float32) - 1.0).cast(dt).reshape(shp), requires_grad)
 
     @staticmethod
-    def randn(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
+    def randn(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None,
+              requires_grad: bool | None = None) -> Tensor:
         """Standard normal (Box-Muller on two uniforms)."""
         shp, dt = _shape_arg(shape), to_dtype(dtype)
         u = Tensor.rand(2, *shp, device=device)
         r = (1.0 - u[0]).log().mul(-2.0).sqrt()  # 1 - u is in (0, 1], so the log is finite
-        return (r * (u[1] * (2 * math.pi)).cos()).cast(dt)
+        return _random_leaf((r * (u[1] * (2 * math.pi)).cos()).cast(dt), requires_grad)
 
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None,
-                device: str | None = None) -> Tensor:
+                device: str | None = None, requires_grad: bool | None = None) -> Tensor:
         dt = to_dtype(dtype)
-        return (Tensor.rand(*shape, device=device) * (high - low) + low).cast(dt)
+        return _random_leaf((Tensor.rand(*shape, device=device) * (high - low) + low).cast(dt),
+                            requires_grad)
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DTypeLike | None = None,
-               device: str | None = None) -> Tensor:
-        return (Tensor.randn(*shape, device=device) * std + mean).cast(to_dtype(dtype))
+               device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        return _random_leaf((Tensor.randn(*shape, device=device) * std + mean).cast(to_dtype(dtype)),
+                            requires_grad)
 
     @staticmethod
     def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32,
@@ -685,11 +697,15 @@ class Tensor(MathOps, NNOps):
         u = Tensor.rand(*shape, device=device)
         return (u * (high - low)).floor().cast(dtypes.int64).add(low).cast(to_dtype(dtype))
 
-    def rand_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.rand(self.shape, dtype=dtype or self.dtype, device=device or self.device)
+    def rand_like(self, dtype: DTypeLike | None = None, device: str | None = None,
+                  requires_grad: bool | None = None) -> Tensor:
+        return Tensor.rand(self.shape, dtype=dtype or self.dtype, device=device or self.device,
+                           requires_grad=requires_grad)
 
-    def randn_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=device or self.device)
+    def randn_like(self, dtype: DTypeLike | None = None, device: str | None = None,
+                   requires_grad: bool | None = None) -> Tensor:
+        return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=device or self.device,
+                            requires_grad=requires_grad)
 
     @staticmethod
     def scaled_uniform(*shape: Any, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:

@@ -1,0 +1,71 @@
+"""A new user's first lines, written with PyTorch habits, run unchanged but for the import (issue 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rawgrad import Tensor, TinyJit, nn
+from rawgrad.dtype import dtypes
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 2)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(self.fc1(x).relu()))
+
+
+def test_the_first_ten_pytorch_lines() -> None:
+    x = Tensor.randn(3, 4, requires_grad=True)
+    w = Tensor.ones(4, 2, requires_grad=True)
+    assert "tensor([" in repr(w) and "requires_grad=True" in repr(w)
+    assert np.array(w).shape == (4, 2)
+    loss = (x @ w).relu().sum()
+    loss.backward()
+    assert x.grad is not None and w.grad is not None
+    xv = np.array(x)
+    np.testing.assert_allclose(w.grad.numpy(), xv.T @ ((xv @ np.ones((4, 2))) > 0), rtol=1e-6)
+
+    model = Net()
+    names = [n for n, _ in model.named_parameters()]
+    assert names == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    opt = nn.optim.SGD(list(model.parameters()), lr=0.1)
+    model.train()
+    assert model.training and model.fc1.training is not False and Tensor.training
+    data = Tensor(np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32))
+    target = Tensor(np.random.default_rng(1).integers(0, 2, 16).astype(np.int32))
+    first = None
+    for _ in range(20):
+        opt.zero_grad()
+        step_loss = nn.cross_entropy(model(data), target)
+        step_loss.backward()
+        opt.step()
+        first = step_loss.item() if first is None else first
+    model.eval()
+    assert not Tensor.training
+    final = nn.cross_entropy(model(data), target).item()
+    assert final < first, (first, final)
+
+    state = model.state_dict()
+    other = Net()
+    other.load_state_dict(state)
+    np.testing.assert_array_equal(other(data).numpy(), model(data).numpy())
+
+    @TinyJit
+    def predict(inp: Tensor) -> Tensor:
+        return model(inp).softmax(-1)
+    want = model(data).softmax(-1).numpy()
+    for _ in range(4):
+        np.testing.assert_allclose(predict(data).numpy(), want, rtol=1e-6)
+
+
+def test_tinygrad_style_backward_without_requires_grad() -> None:
+    w = Tensor([[1.0, 2.0], [3.0, 4.0]])
+    x = Tensor([1.0, -1.0])
+    (x @ w).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [[1, 1], [-1, -1]])
+    assert dtypes.int32.max == 2 ** 31 - 1 and dtypes.uint8.min == 0
