@@ -1,59 +1,99 @@
-"""Functions the layers and training loops need that the Tensor class does not have (yet): transposed
-convolution and the usual losses, with torch.nn.functional's names and arguments."""
+"""torch.nn.functional's names and argument orders over the Tensor methods that do the work (transposed
+convolution, pooling, interpolation, padding, the usual losses)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rawgrad.tensor.tensor import Tensor
 
 IntOrSeq = int | Sequence[int]
 
 
-def _tuple(x: IntOrSeq, n: int, what: str) -> tuple[int, ...]:
-    t = (x,) * n if isinstance(x, int) else tuple(x)
-    if len(t) != n:
-        raise ValueError(f"{what} needs 1 or {n} values, got {t}")
-    return t
+def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
+                     padding: IntOrSeq = 0, output_padding: IntOrSeq = 0, groups: int = 1,
+                     dilation: IntOrSeq = 1) -> Tensor:
+    """torch.nn.functional.conv_transpose1d: weight (Cin, Cout // groups, k)."""
+    return x.conv_transpose1d(weight, bias, groups, stride, dilation, padding, output_padding)
 
 
 def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
                      padding: IntOrSeq = 0, output_padding: IntOrSeq = 0, groups: int = 1,
                      dilation: IntOrSeq = 1) -> Tensor:
     """torch.nn.functional.conv_transpose2d (any number of spatial dims): weight (Cin, Cout // groups,
-    *kernel). The gradient of a convolution with respect to its input, written as a convolution: spread
-    the input by the stride, pad by dilation * (kernel - 1) - padding, then correlate with the flipped,
-    in/out-swapped kernel."""
-    nd = weight.ndim - 2
-    if nd < 1 or x.ndim != nd + 2:
-        raise ValueError(f"conv_transpose: input {x.shape} and weight {weight.shape} need (N, Cin, *spatial) "
-                         "and (Cin, Cout/groups, *kernel) with the same number of spatial dims")
-    cin, cout_g = weight.shape[:2]
-    kernel = tuple(weight.shape[2:])
-    if x.shape[1] != cin or cin % groups:
-        raise ValueError(f"conv_transpose: input {x.shape} has {x.shape[1]} channels, weight {weight.shape} "
-                         f"expects {cin} (divisible by groups={groups})")
-    st, pd = _tuple(stride, nd, "stride"), _tuple(padding, nd, "padding")
-    op, dl = _tuple(output_padding, nd, "output_padding"), _tuple(dilation, nd, "dilation")
-    for o, s, d in zip(op, st, dl):
-        if o >= max(s, d):
-            raise ValueError(f"output_padding {op} must be smaller than stride {st} or dilation {dl}")
-    y = x
-    for j, s in enumerate(st):  # put s - 1 zeros between neighbours along each spatial axis
-        if s == 1:
-            continue
-        ax = 2 + j
-        n = y.shape[ax]
-        pre, post = y.shape[:ax], y.shape[ax + 1:]
-        y = y.reshape(pre + (n, 1) + post).pad([(0, 0)] * (ax + 1) + [(0, s - 1)] + [(0, 0)] * len(post))
-        y = y.reshape(pre + (n * s,) + post).shrink([None] * ax + [(0, (n - 1) * s + 1)] + [None] * len(post))
-    edge = [d * (k - 1) - p for k, d, p in zip(kernel, dl, pd)]
-    y = y.pad([(0, 0), (0, 0)] + [(e, e + o) for e, o in zip(edge, op)])
-    cin_g = cin // groups
-    w = weight.reshape((groups, cin_g, cout_g) + kernel).transpose(1, 2)
-    w = w.reshape((groups * cout_g, cin_g) + kernel).flip(tuple(range(2, 2 + nd)))
-    return y.conv2d(w, bias, groups=groups, dilation=dl)
+    *kernel); `Tensor.conv_transpose2d` (tinygrad's argument order) does the work."""
+    return x.conv_transpose2d(weight, bias, groups, stride, dilation, padding, output_padding)
 
 
+def conv_transpose3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
+                     padding: IntOrSeq = 0, output_padding: IntOrSeq = 0, groups: int = 1,
+                     dilation: IntOrSeq = 1) -> Tensor:
+    """torch.nn.functional.conv_transpose3d: weight (Cin, Cout // groups, kd, kh, kw)."""
+    return x.conv_transpose3d(weight, bias, groups, stride, dilation, padding, output_padding)
+
+
+# ---------------------------------------------------------------------- pooling (torch's argument order)
+def max_pool1d(x: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None, padding: IntOrSeq = 0,
+               dilation: IntOrSeq = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return x.max_pool1d(kernel_size, stride, dilation, padding, ceil_mode, return_indices)
+
+
+def max_pool2d(x: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None, padding: IntOrSeq = 0,
+               dilation: IntOrSeq = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return x.max_pool2d(kernel_size, stride, dilation, padding, ceil_mode, return_indices)
+
+
+def max_pool3d(x: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None, padding: IntOrSeq = 0,
+               dilation: IntOrSeq = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return x.max_pool3d(kernel_size, stride, dilation, padding, ceil_mode, return_indices)
+
+
+def avg_pool1d(x: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None, padding: IntOrSeq = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    return x.avg_pool1d(kernel_size, stride, 1, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def avg_pool2d(x: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None, padding: IntOrSeq = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    return x.avg_pool2d(kernel_size, stride, 1, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def avg_pool3d(x: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None, padding: IntOrSeq = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    return x.avg_pool3d(kernel_size, stride, 1, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def max_unpool1d(x: Tensor, indices: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None,
+                 padding: IntOrSeq = 0, output_size: Sequence[int] | None = None) -> Tensor:
+    return x.max_unpool1d(indices, kernel_size, stride, padding, output_size)
+
+
+def max_unpool2d(x: Tensor, indices: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None,
+                 padding: IntOrSeq = 0, output_size: Sequence[int] | None = None) -> Tensor:
+    return x.max_unpool2d(indices, kernel_size, stride, padding, output_size)
+
+
+def max_unpool3d(x: Tensor, indices: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None,
+                 padding: IntOrSeq = 0, output_size: Sequence[int] | None = None) -> Tensor:
+    return x.max_unpool3d(indices, kernel_size, stride, padding, output_size)
+
+
+def interpolate(x: Tensor, size: IntOrSeq | None = None, scale_factor: float | Sequence[float] | None = None,
+                mode: str = "nearest", align_corners: bool | None = None,
+                recompute_scale_factor: bool | None = None) -> Tensor:
+    """torch.nn.functional.interpolate (see Tensor.interpolate for the modes)."""
+    return x.interpolate(size, scale_factor, mode, align_corners, recompute_scale_factor)
+
+
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """torch.nn.functional.pad: flat (left, right) pairs from the last dim backwards; negative ones crop."""
+    return x.pad(pad, 0.0 if value is None else value, mode)
+
+
+# ---------------------------------------------------------------------- losses (Tensor methods do the work)
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return loss.mean()
@@ -64,50 +104,22 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def nll_loss(log_probs: Tensor, target: Tensor, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+def nll_loss(log_probs: Tensor, target: Tensor, reduction: str = "mean", ignore_index: int = -100, *,
+             weight: Tensor | None = None) -> Tensor:
     """-log_probs[i, target[i]] over (N, C) (or (N, C, *extra) with target (N, *extra))."""
-    if target.dtype.is_float:
-        raise TypeError(f"nll_loss needs integer class indices, got {target.dtype}")
-    # classes last: (N, C, *extra) -> (N, *extra, C), to line up with target (N, *extra)
-    lp = log_probs.permute([0, *range(2, log_probs.ndim), 1]) if log_probs.ndim > 2 else log_probs
-    tgt = target
-    if tuple(lp.shape[:-1]) != tuple(tgt.shape):
-        raise ValueError(f"nll_loss: input {log_probs.shape} and target {target.shape} do not match")
-    valid = tgt != ignore_index
-    picked = (lp * tgt.one_hot(lp.shape[-1])).sum(-1)
-    loss = -valid.where(picked, 0)
-    if reduction == "mean":
-        return loss.sum() / valid.sum().maximum(1)
-    return _reduce(loss, reduction)
+    return log_probs.nll_loss(target, weight, ignore_index, reduction)
 
 
 def cross_entropy(logits: Tensor, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
-                  ignore_index: int = -100) -> Tensor:
-    """Softmax cross-entropy of (N, C) logits against class indices (N,) or class probabilities (N, C)."""
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    logp = logits.log_softmax(1)
-    if target.dtype.is_float:  # probabilities
-        if target.shape != logits.shape:
-            raise ValueError(f"cross_entropy: probability target {target.shape} must match logits "
-                             f"{logits.shape}")
-        n_cls = logits.shape[1]
-        t = target * (1 - label_smoothing) + label_smoothing / n_cls
-        return _reduce(-(logp * t).sum(1), reduction)
-    nll = nll_loss(logp, target, "none", ignore_index)
-    if label_smoothing:
-        smooth = -logp.mean(1)
-        nll = (target != ignore_index).where(nll * (1 - label_smoothing) + smooth * label_smoothing, 0)
-    if reduction == "mean":
-        return nll.sum() / (target != ignore_index).sum().maximum(1)
-    return _reduce(nll, reduction)
+                  ignore_index: int = -100, *, weight: Tensor | None = None) -> Tensor:
+    """Softmax cross-entropy of (N, C, *extra) logits against class indices or class probabilities."""
+    return logits.cross_entropy(target, reduction, label_smoothing, weight=weight, ignore_index=ignore_index)
 
 
 def sparse_categorical_crossentropy(logits: Tensor, target: Tensor, ignore_index: int = -1,
-                                    label_smoothing: float = 0.0) -> Tensor:
-    """tinygrad's name: mean softmax cross-entropy of (..., C) logits against integer labels (...)."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    return cross_entropy(flat, target.reshape(-1), "mean", label_smoothing, ignore_index)
+                                    label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+    """tinygrad's name: softmax cross-entropy of (..., C) logits against integer labels (...)."""
+    return logits.sparse_categorical_crossentropy(target, ignore_index, label_smoothing, reduction)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -120,10 +132,10 @@ def l1_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 
 def binary_cross_entropy(p: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """-(t log p + (1 - t) log(1 - p)), logs clamped at -100 as torch."""
-    return _reduce(-(target * p.log().maximum(-100) + (1 - target) * (1 - p).log().maximum(-100)),
-                   reduction)
+    return p.binary_crossentropy(target, reduction)
 
 
-def binary_cross_entropy_with_logits(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+def binary_cross_entropy_with_logits(logits: Tensor, target: Tensor, reduction: str = "mean", *,
+                                     pos_weight: Tensor | None = None) -> Tensor:
     """BCE on sigmoid(logits), computed as softplus so large logits stay finite."""
-    return _reduce((1 - target) * logits - logits.logsigmoid(), reduction)
+    return logits.binary_crossentropy_logits(target, reduction, pos_weight)
