@@ -7,6 +7,8 @@ from typing import Final
 
 import numpy as np
 
+from rawgrad.errors import ArgumentTypeError
+
 
 @dataclass(frozen=True, eq=True)
 class DType:
@@ -149,9 +151,14 @@ def to_dtype(x: DTypeLike | None) -> DType:
         return dtypes.default_int
     if x is float:
         return dtypes.default_float
-    if isinstance(x, str):
-        return dtypes.from_name(x)
-    return dtypes.from_np(x)  # type: ignore[arg-type]
+    try:
+        if isinstance(x, str):
+            return dtypes.from_name(x)
+        return dtypes.from_np(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError, KeyError) as e:
+        # the message names the argument and the choices, whichever lookup refused it
+        raise ArgumentTypeError(f"dtype={x!r} is not a dtype ({e}); use a DType, a numpy dtype, "
+                                f"float/int/bool or a name such as 'float32', 'int64', 'bfloat16'") from None
 
 
 def _int_for(bits: int, signed: bool) -> DType:

@@ -44,3 +44,24 @@ def test_a_chain_of_50000_ops_runs() -> None:
     for _ in range(50_000):
         x = x + 1
     np.testing.assert_array_equal(x.numpy(), np.full(4, 50_001, np.float32))
+
+
+def test_errors_are_catchable_as_pytorch_and_python_users_catch_them() -> None:
+    from rawgrad.errors import ArgumentTypeError, ShapeError, TensorIndexError
+    cases: list[tuple[Callable[[], Any], type[Exception], type[Exception]]] = [
+        (lambda: Tensor.ones(2, 3).reshape(4, 2), ShapeError, ValueError),
+        (lambda: Tensor.ones(2) + Tensor.ones(3), ShapeError, ValueError),
+        (lambda: Tensor([1, 2])[5], TensorIndexError, IndexError),
+        (lambda: Tensor.ones(3).sum(dtype=""), ArgumentTypeError, TypeError),
+    ]
+    for make, specific, pythonic in cases:
+        for kind in (specific, pythonic, RuntimeError):
+            with pytest.raises(kind):
+                make()
+
+
+def test_a_bad_dtype_names_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"dtype='' is not a dtype"):
+        Tensor.ones(3).sum(dtype="")
+    with pytest.raises(TypeError, match=r"dtype='floot' is not a dtype .*'float32'"):
+        Tensor.ones(3).cast("floot")

@@ -14,6 +14,7 @@ from typing import Any
 from rawgrad.compiler.ir import Ops, UOp, Variable, prod, sint_to_uop
 from rawgrad.compiler.symbolic import simplify, ssimplify_int, sum_parts
 from rawgrad.dtype import dtypes
+from rawgrad.errors import ShapeError
 
 SInt = Any  # int | UOp
 
@@ -99,7 +100,7 @@ def _check_shape(shape: tuple[SInt, ...], what: str) -> tuple[SInt, ...]:
     out = tuple(_s(s) for s in shape)
     for s in out:
         if (isinstance(s, int) and s < 0) or (isinstance(s, UOp) and s.vmax < 0):
-            raise ValueError(f"{what}: negative size in shape {_fmt(out)}")
+            raise ShapeError(f"{what}: negative size in shape {_fmt(out)}")
     return out
 
 
@@ -127,13 +128,13 @@ class View:
             return View(shape, (0,) * n, 0, None, True)
         st = strides_for_shape(shape) if strides is None else tuple(_s(x) for x in strides)
         if len(st) != n:
-            raise ValueError(f"View: {len(st)} strides for shape {_fmt(shape)}")
+            raise ShapeError(f"View: {len(st)} strides for shape {_fmt(shape)}")
         # a size-1 dimension is only ever indexed at 0
         st = tuple(0 if _eq(s, 1) else x for s, x in zip(shape, st))
         off = _s(offset)
         if mask is not None:
             if len(mask) != n:
-                raise ValueError(f"View: mask {mask} does not match shape {_fmt(shape)}")
+                raise ShapeError(f"View: mask {mask} does not match shape {_fmt(shape)}")
             mask = tuple((_s(b), _s(e)) for b, e in mask)
             if any(_cmp(e, b) in (-1, 0) for b, e in mask):
                 # one empty dimension hides every element
@@ -160,7 +161,7 @@ class View:
     def permute(self, order: tuple[int, ...]) -> View:
         order = tuple(order)
         if sorted(order) != list(range(len(self.shape))):
-            raise ValueError(f"permute: {order} is not an ordering of the {len(self.shape)} axes of "
+            raise ShapeError(f"permute: {order} is not an ordering of the {len(self.shape)} axes of "
                              f"shape {_fmt(self.shape)}")
         return View.create(tuple(self.shape[i] for i in order), tuple(self.strides[i] for i in order),
                            self.offset, tuple(self.mask[i] for i in order) if self.mask is not None else None)
@@ -168,14 +169,14 @@ class View:
     def expand(self, new_shape: tuple[SInt, ...]) -> View:
         new_shape = _check_shape(tuple(new_shape), "expand")
         if len(new_shape) != len(self.shape):
-            raise ValueError(f"expand: cannot expand shape {_fmt(self.shape)} to {_fmt(new_shape)} "
+            raise ShapeError(f"expand: cannot expand shape {_fmt(self.shape)} to {_fmt(new_shape)} "
                              "(different number of dims)")
         strides, mask = list(self.strides), list(self.mask) if self.mask is not None else None
         for i, (s, ns) in enumerate(zip(self.shape, new_shape)):
             if _eq(s, ns):
                 continue
             if not _eq(s, 1):
-                raise ValueError(f"expand: cannot expand shape {_fmt(self.shape)} to {_fmt(new_shape)}: "
+                raise ShapeError(f"expand: cannot expand shape {_fmt(self.shape)} to {_fmt(new_shape)}: "
                                  f"dim {i} has size {_fmt((s,))[1:-2]}, only size-1 dims can grow")
             strides[i] = 0
             if mask is not None:
@@ -187,10 +188,10 @@ class View:
     def pad(self, arg: tuple[tuple[SInt, SInt], ...]) -> View:
         arg = tuple((_s(b), _s(a)) for b, a in arg)
         if len(arg) != len(self.shape):
-            raise ValueError(f"pad: {len(arg)} (before, after) pairs for shape {_fmt(self.shape)}")
+            raise ShapeError(f"pad: {len(arg)} (before, after) pairs for shape {_fmt(self.shape)}")
         for b, a in arg:
             if _cmp(b, 0) == -1 or _cmp(a, 0) == -1:
-                raise ValueError(f"pad: negative padding {arg} for shape {_fmt(self.shape)}")
+                raise ShapeError(f"pad: negative padding {arg} for shape {_fmt(self.shape)}")
         if all(_eq(b, 0) and _eq(a, 0) for b, a in arg):
             return self
         new_shape = tuple(_add(_add(s, b), a) for s, (b, a) in zip(self.shape, arg))
@@ -206,10 +207,10 @@ class View:
     def shrink(self, arg: tuple[tuple[SInt, SInt], ...]) -> View:
         arg = tuple((_s(b), _s(e)) for b, e in arg)
         if len(arg) != len(self.shape):
-            raise ValueError(f"shrink: {len(arg)} (start, end) pairs for shape {_fmt(self.shape)}")
+            raise ShapeError(f"shrink: {len(arg)} (start, end) pairs for shape {_fmt(self.shape)}")
         for (b, e), s in zip(arg, self.shape):
             if _cmp(b, 0) == -1 or _cmp(e, b) == -1 or _cmp(e, s) == 1:
-                raise ValueError(f"shrink: {arg} is out of range for shape {_fmt(self.shape)}")
+                raise ShapeError(f"shrink: {arg} is out of range for shape {_fmt(self.shape)}")
         if all(_eq(b, 0) and _eq(e, s) for (b, e), s in zip(arg, self.shape)):
             return self
         new_shape = tuple(_add(e, _neg(b)) for b, e in arg)
@@ -225,7 +226,7 @@ class View:
     def flip(self, arg: tuple[bool, ...]) -> View:
         arg = tuple(bool(f) for f in arg)
         if len(arg) != len(self.shape):
-            raise ValueError(f"flip: {len(arg)} flags for shape {_fmt(self.shape)}")
+            raise ShapeError(f"flip: {len(arg)} flags for shape {_fmt(self.shape)}")
         offset, strides = self.offset, list(self.strides)
         mask = list(self.mask) if self.mask is not None else None
         for i, f in enumerate(arg):
@@ -242,11 +243,11 @@ class View:
     def stride(self, steps: tuple[int, ...]) -> View:
         """Every `steps[i]`-th element along each dim (a negative step walks backwards); int sizes only."""
         if len(steps) != len(self.shape) or any(not isinstance(k, int) or k == 0 for k in steps):
-            raise ValueError(f"stride: steps {steps} must be non-zero ints, one per dim of "
+            raise ShapeError(f"stride: steps {steps} must be non-zero ints, one per dim of "
                              f"{_fmt(self.shape)}")
         v = self.flip(tuple(k < 0 for k in steps))
         if any(not isinstance(s, int) for s, k in zip(v.shape, steps) if abs(k) != 1):
-            raise ValueError(f"stride: symbolic dims of {_fmt(self.shape)} cannot be stepped")
+            raise ShapeError(f"stride: symbolic dims of {_fmt(self.shape)} cannot be stepped")
         new_shape = tuple(s if abs(k) == 1 else (s + abs(k) - 1) // abs(k) for s, k in zip(v.shape, steps))
         strides = tuple(_mul(st, abs(k)) for st, k in zip(v.strides, steps))
         mask = None
@@ -260,7 +261,7 @@ class View:
         """The same elements in a new shape, or None when one view cannot express it."""
         new_shape = _check_shape(tuple(new_shape), "reshape")
         if not _eq(self.size, _prod(new_shape)):
-            raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.size} elements) to "
+            raise ShapeError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.size} elements) to "
                              f"{_fmt(new_shape)} ({_prod(new_shape)} elements)")
         if len(new_shape) == len(self.shape) and all(_eq(a, b) for a, b in zip(self.shape, new_shape)):
             return self
@@ -631,7 +632,7 @@ class ShapeTracker:
 
     def __post_init__(self) -> None:
         if not self.views:
-            raise ValueError("a ShapeTracker needs at least one view")
+            raise ShapeError("a ShapeTracker needs at least one view")
 
     @staticmethod
     def from_shape(shape: tuple[SInt, ...]) -> ShapeTracker:
@@ -714,7 +715,7 @@ class ShapeTracker:
         """`self + other`: apply `other`'s movement on top of `self` (other's first view indexes
         self's elements)."""
         if _cmp(_buffer_extent(other.views[0]), self.size) == 1:
-            raise ValueError(f"cannot stack a ShapeTracker over {_fmt(other.views[0].shape)} on one of shape "
+            raise ShapeError(f"cannot stack a ShapeTracker over {_fmt(other.views[0].shape)} on one of shape "
                              f"{_fmt(self.shape)}: it reads past the {self.size} elements")
         out = self
         for v in other.views:
@@ -729,7 +730,7 @@ class ShapeTracker:
             idxs = _default_idxs(self.shape)
         idxs = [sint_to_uop(i) for i in idxs]
         if len(idxs) != len(self.shape):
-            raise ValueError(f"to_indexed_uops: {len(idxs)} indices for shape {_fmt(self.shape)}")
+            raise ShapeError(f"to_indexed_uops: {len(idxs)} indices for shape {_fmt(self.shape)}")
         last = self.views[-1]
         _, valid = last.to_indexed(idxs)
         # the index only matters where the last view's mask holds: work with the loop variables

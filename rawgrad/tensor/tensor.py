@@ -35,6 +35,7 @@ from rawgrad.dtype import (
     result_type_with_scalar,
     to_dtype,
 )
+from rawgrad.errors import ArgumentError, ArgumentTypeError, ShapeError, TensorIndexError
 from rawgrad.hcq.device import Device  # noqa: E402
 from rawgrad.tensor import autograd as _autograd
 from rawgrad.tensor import realize as _realize
@@ -77,14 +78,15 @@ def _symbolic_window(it: Any, size: Any, dim: int) -> tuple[Any, Any] | None:
         start, end = it, it + 1
     elif isinstance(it, slice) and (isinstance(it.start, UOp) or isinstance(it.stop, UOp)):
         if it.step not in (None, 1):
-            raise IndexError(f"a slice with a symbolic bound takes step 1, got {it!r}")
+            raise TensorIndexError(f"a slice with a symbolic bound takes step 1, got {it!r}")
         start = 0 if it.start is None else it.start
         end = size if it.stop is None else it.stop
     else:
         return None
     lo, hi = (start.vmin if isinstance(start, UOp) else start), (end.vmax if isinstance(end, UOp) else end)
     if lo < 0 or (isinstance(size, int) and hi > size):
-        raise IndexError(f"a symbolic index can reach [{lo}, {hi}), outside dimension {dim} of size {size}")
+        raise TensorIndexError(f"a symbolic index can reach [{lo}, {hi}), outside dimension {dim} of size "
+                               f"{size}")
     return start, end
 
 
@@ -149,10 +151,10 @@ def _dim(s: Any, what: str, allow_minus_one: bool = False) -> Any:
     if isinstance(s, UOp):
         return s
     if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-        raise TypeError(f"{what}: sizes must be integers, got {s!r} ({type(s).__name__})")
+        raise ArgumentTypeError(f"{what}: sizes must be integers, got {s!r} ({type(s).__name__})")
     s = int(s)
     if s < 0 and not (allow_minus_one and s == -1):
-        raise ValueError(f"{what}: negative size {s}")
+        raise ArgumentError(f"{what}: negative size {s}")
     return s
 
 
@@ -162,7 +164,7 @@ def _check_numel(shape: tuple[Any, ...], what: str) -> None:
         if isinstance(d, int):
             n *= d
     if n > MAX_NUMEL:
-        raise ValueError(f"{what}: shape {shape} has {n} elements, more than an int64 index addresses")
+        raise ShapeError(f"{what}: shape {shape} has {n} elements, more than an int64 index addresses")
 
 
 def _shape_arg(shape: tuple[Any, ...], what: str = "shape") -> tuple[int, ...]:
@@ -181,7 +183,7 @@ def _broadcast_shapes(*shapes: tuple[Any, ...]) -> tuple[Any, ...]:
     for dims in zip(*padded):
         sizes = {d for d in dims if not (isinstance(d, int) and d == 1)}
         if len(sizes) > 1:
-            raise ValueError(f"cannot broadcast {tuple(shapes[0])} with {tuple(shapes[1])}"
+            raise ShapeError(f"cannot broadcast {tuple(shapes[0])} with {tuple(shapes[1])}"
                              if len(shapes) == 2 else f"cannot broadcast shapes {[tuple(s) for s in shapes]}")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
@@ -190,12 +192,12 @@ def _broadcast_shapes(*shapes: tuple[Any, ...]) -> tuple[Any, ...]:
 def _to_tuple(x: int | Sequence[int], n: int, what: str, positive: bool = False) -> tuple[int, ...]:
     t = (x,) * n if isinstance(x, (int, np.integer)) else tuple(x)
     if len(t) != n:
-        raise ValueError(f"{what} needs 1 or {n} values, got {t}")
+        raise ArgumentError(f"{what} needs 1 or {n} values, got {t}")
     for v in t:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{what} must be integers, got {x!r}")
+            raise ArgumentTypeError(f"{what} must be integers, got {x!r}")
         if positive and v < 1:
-            raise ValueError(f"{what} must be >= 1, got {x!r}")
+            raise ArgumentError(f"{what} must be >= 1, got {x!r}")
     return tuple(int(v) for v in t)
 
 
@@ -300,13 +302,13 @@ def check_pending_indices() -> None:
         values = Tensor.stack(*[t for t, _ in group]).numpy() if len(group) > 1 else [group[0][0].numpy()]
         for (_, message), v in zip(group, values):
             if bool(v):
-                raise IndexError(message)
+                raise TensorIndexError(message)
 
 
 def _check_host_index(data: np.ndarray, size: int, dim: int) -> None:
     if data.size and (int(data.min()) < -size or int(data.max()) >= size):
         bad = int(data.max()) if int(data.max()) >= size else int(data.min())
-        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+        raise TensorIndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 
 
 class Tensor(MathOps, NNOps):
@@ -346,9 +348,11 @@ class Tensor(MathOps, NNOps):
             try:
                 arr = np.asarray(data)
             except ValueError:
-                raise TypeError(f"cannot make a Tensor from ragged {type(data).__name__} data") from None
+                raise ArgumentTypeError(f"cannot make a Tensor from ragged {type(data).__name__} data") \
+                    from None
             if arr.dtype == object:
-                raise TypeError(f"cannot make a Tensor from {type(data).__name__} (ragged or mixed data?)")
+                raise ArgumentTypeError(f"cannot make a Tensor from {type(data).__name__} "
+                                        "(ragged or mixed data?)")
             if dt is None:
                 if isinstance(data, np.ndarray):
                     dt = dtypes.from_np(arr.dtype)
@@ -433,7 +437,7 @@ class Tensor(MathOps, NNOps):
 
     def __len__(self) -> int:
         if self.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
+            raise ArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
     def __iter__(self) -> Iterator[Tensor]:
@@ -458,10 +462,10 @@ class Tensor(MathOps, NNOps):
         """Normalise one axis; `extra` widens the range (unsqueeze can address one past the end)."""
         nd = self.ndim + extra
         if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
-            raise TypeError(f"axis must be an int, got {a!r}")
+            raise ArgumentTypeError(f"axis must be an int, got {a!r}")
         lim = max(nd, 1)  # a 0-d tensor accepts axis 0 / -1 like torch
         if not -lim <= a < lim:
-            raise IndexError(f"axis {a} is out of range for a tensor of {self.ndim} dims "
+            raise TensorIndexError(f"axis {a} is out of range for a tensor of {self.ndim} dims "
                              f"(shape {self.shape})")
         return int(a) % lim
 
@@ -469,10 +473,10 @@ class Tensor(MathOps, NNOps):
         if axis is None:
             return tuple(range(self.ndim))
         if not isinstance(axis, (int, np.integer, tuple, list)):
-            raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
+            raise ArgumentTypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
         axs = [self._axis(a) for a in ((axis,) if isinstance(axis, (int, np.integer)) else axis)]
         if len(set(axs)) != len(axs):
-            raise ValueError(f"axis {axis} repeats a dimension")
+            raise ShapeError(f"axis {axis} repeats a dimension")
         return tuple(sorted(axs)) if self.ndim else ()
 
     def _const(self, value: Any, dtype: DType | None = None, shape: tuple[Any, ...] | None = None) -> Tensor:
@@ -511,7 +515,7 @@ class Tensor(MathOps, NNOps):
         else:
             o = self._as_tensor(other)
             if o.device != self.device:
-                raise ValueError(f"operands are on different devices: {self.device} and {o.device}")
+                raise ArgumentError(f"operands are on different devices: {self.device} and {o.device}")
             dt = dtype or promote_types(self.dtype, o.dtype)
             shape = _broadcast_shapes(self.shape, o.shape)
             a, b = self.cast(dt)._broadcast_to(shape), o.cast(dt)._broadcast_to(shape)
@@ -583,7 +587,7 @@ class Tensor(MathOps, NNOps):
         if stop is None:
             start, stop = 0, start
         if step == 0:
-            raise ValueError("arange step must not be zero")
+            raise ArgumentError("arange step must not be zero")
         all_int = all(isinstance(_scalar(v), int) for v in (start, stop, step))
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_int if all_int else dtypes.default_float
         n = max(0, math.ceil((stop - start) / step))
@@ -594,7 +598,7 @@ class Tensor(MathOps, NNOps):
     def linspace(start: float, end: float, steps: int, dtype: DTypeLike | None = None,
                  device: str | None = None, requires_grad: bool | None = None) -> Tensor:
         if steps < 0:
-            raise ValueError(f"linspace needs steps >= 0, got {steps}")
+            raise ArgumentError(f"linspace needs steps >= 0, got {steps}")
         return Tensor(np.linspace(start, end, steps), device=device, dtype=dtype or dtypes.default_float,
                       requires_grad=requires_grad)
 
@@ -657,7 +661,7 @@ class Tensor(MathOps, NNOps):
         """Uniform in [0, 1)."""
         shp, dt, dev = _shape_arg(shape), to_dtype(dtype), _canon_device(device)
         if not dt.is_float:
-            raise TypeError(f"rand needs a float dtype, got {dt}")
+            raise ArgumentTypeError(f"rand needs a float dtype, got {dt}")
         # keep only as many random bits as dt's mantissa holds, so rounding can never reach 1.0
         mant = {dtypes.float16: 10, dtypes.bfloat16: 7}.get(dt, 23)
         bits = Tensor._random_bits(int(_prod(shp)), dev)
@@ -691,7 +695,7 @@ class Tensor(MathOps, NNOps):
                 device: str | None = None) -> Tensor:
         """Integers uniform in [low, high)."""
         if high <= low:
-            raise ValueError(f"randint needs low < high, got [{low}, {high})")
+            raise ArgumentError(f"randint needs low < high, got [{low}, {high})")
         # float32 keeps every backend able to run it (no float64 on some GPUs); its 23 random bits are
         # plenty for the ranges randint is used with
         u = Tensor.rand(*shape, device=device)
@@ -738,7 +742,7 @@ class Tensor(MathOps, NNOps):
         if not Tensor.training or p == 0:
             return self
         if not 0 <= p <= 1:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+            raise ArgumentError(f"dropout probability must be in [0, 1], got {p}")
         keep = Tensor.rand(self.shape, device=self.device) >= p
         return keep.where(self * (1.0 / (1.0 - p)) if p < 1 else self * 0, 0)
 
@@ -798,7 +802,7 @@ class Tensor(MathOps, NNOps):
 
     def item(self) -> Scalar:
         if self.numel() != 1:
-            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+            raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
         return self.numpy().reshape(-1)[0].item()
 
     def tolist(self) -> Any:
@@ -831,14 +835,14 @@ class Tensor(MathOps, NNOps):
         from rawgrad.tensor.interpret import is_realized
         v = self._as_tensor(x)
         if v.device != self.device:
-            raise ValueError(f"assign from {v.device} into a tensor on {self.device}")
+            raise ArgumentError(f"assign from {v.device} into a tensor on {self.device}")
         if v.shape != self.shape:
             try:
                 shape: tuple[Any, ...] | None = _broadcast_shapes(self.shape, v.shape)
             except ValueError:
                 shape = None
             if shape != self.shape:
-                raise ValueError(f"cannot assign a value of shape {v.shape} to shape {self.shape}")
+                raise ShapeError(f"cannot assign a value of shape {v.shape} to shape {self.shape}")
             v = v._broadcast_to(self.shape)
         if self.uop.op is Ops.ASSIGN:  # chain onto a pending assign: both run in one realize, in order
             target = self.uop.src[0]
@@ -879,7 +883,7 @@ class Tensor(MathOps, NNOps):
         if Tensor.no_grad:
             raise RuntimeError(f"{what}() inside no_grad: gradients are switched off")
         if not self.dtype.is_float:
-            raise TypeError(f"{what}() needs a float tensor, got {self.dtype}")
+            raise ArgumentTypeError(f"{what}() needs a float tensor, got {self.dtype}")
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"{what}() of a non-scalar tensor (shape {self.shape}) needs a gradient "
@@ -888,7 +892,7 @@ class Tensor(MathOps, NNOps):
         else:
             g = self._as_tensor(gradient).cast(self.dtype)
             if g.shape != self.shape:
-                raise ValueError(f"{what}(): gradient of shape {g.shape} does not match shape {self.shape}")
+                raise ShapeError(f"{what}(): gradient of shape {g.shape} does not match shape {self.shape}")
         return self.uop, g.uop
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
@@ -916,7 +920,7 @@ class Tensor(MathOps, NNOps):
         grads = _autograd.compute_gradients(root, g, [t.uop for t in targets])
         for i, t in enumerate(targets):
             if t.uop not in grads:
-                raise ValueError(f"gradient(): target {i} (shape {t.shape}) is not in the graph of "
+                raise ArgumentError(f"gradient(): target {i} (shape {t.shape}) is not in the graph of "
                                  "this tensor")
         return [Tensor(grads[t.uop]) for t in targets]
 
@@ -928,7 +932,7 @@ class Tensor(MathOps, NNOps):
     def bitcast(self, dtype: DTypeLike) -> Tensor:
         dt = to_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize:
-            raise TypeError(f"bitcast from {self.dtype} ({self.dtype.itemsize} bytes) to {dt} "
+            raise ArgumentTypeError(f"bitcast from {self.dtype} ({self.dtype.itemsize} bytes) to {dt} "
                             f"({dt.itemsize} bytes): item sizes must match")
         return self if dt == self.dtype else self._alu(Ops.BITCAST, dtype=dt)
 
@@ -953,7 +957,7 @@ class Tensor(MathOps, NNOps):
         if rounding_mode == "trunc":
             return a._alu(Ops.IDIV, b) if a.dtype.is_int else (a / b).trunc()
         if rounding_mode is not None:
-            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+            raise ArgumentError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
         if not a.dtype.is_float:
             dt = least_upper_float(a.dtype)
             a, b = a.cast(dt), b.cast(dt)
@@ -963,7 +967,7 @@ class Tensor(MathOps, NNOps):
         if self.dtype.is_float:
             return (self / b).floor()
         if self.dtype.is_bool:
-            raise TypeError("floor division is not defined for bool tensors")
+            raise ArgumentTypeError("floor division is not defined for bool tensors")
         q, r = self._alu(Ops.IDIV, b), self._alu(Ops.MOD, b)
         # C truncates toward zero; floor differs by one when the remainder and divisor differ in sign
         fix = (r != 0) & ((r < 0) != (b < 0))
@@ -979,7 +983,7 @@ class Tensor(MathOps, NNOps):
         if a.dtype.is_float:
             return a - (a / b).floor() * b
         if a.dtype.is_bool:
-            raise TypeError("% is not defined for bool tensors")
+            raise ArgumentTypeError("% is not defined for bool tensors")
         r = a._alu(Ops.MOD, b)
         return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
 
@@ -1005,13 +1009,13 @@ class Tensor(MathOps, NNOps):
         if not reverse and _is_scalar(x) and isinstance(_scalar(x), int) and _scalar(x) < 0 \
                 and (self.dtype.is_int or self.dtype.is_bool):
             # numpy and torch refuse this too: the answer (1/a**n truncated) is 0 for almost every a
-            raise ValueError(f"integers to negative integer powers are not allowed ({self.dtype} ** "
+            raise ArgumentError(f"integers to negative integer powers are not allowed ({self.dtype} ** "
                              f"{_scalar(x)}); cast to a float dtype first")
         return self._binary(Ops.POW, x, reverse)
 
     def neg(self) -> Tensor:
         if self.dtype.is_bool:
-            raise TypeError("negation is not defined for bool tensors; use ~ or logical_not")
+            raise ArgumentTypeError("negation is not defined for bool tensors; use ~ or logical_not")
         return self._alu(Ops.NEG)
 
     def __add__(self, x: Any) -> Tensor:
@@ -1116,7 +1120,8 @@ class Tensor(MathOps, NNOps):
     def _bitwise(self, op: Ops, x: Any, name: str, reverse: bool = False) -> Tensor:
         a, b = self._operands(x, reverse)
         if a.dtype.is_float:
-            raise TypeError(f"{name} is not defined for dtype {a.dtype} (needs an int or bool tensor)")
+            raise ArgumentTypeError(f"{name} is not defined for dtype {a.dtype} (needs an int or bool "
+                                    "tensor)")
         return a._alu(op, b)
 
     def bitwise_and(self, x: Any) -> Tensor:
@@ -1130,7 +1135,7 @@ class Tensor(MathOps, NNOps):
 
     def bitwise_not(self) -> Tensor:
         if self.dtype.is_float:
-            raise TypeError(f"bitwise_not is not defined for dtype {self.dtype} "
+            raise ArgumentTypeError(f"bitwise_not is not defined for dtype {self.dtype} "
                             "(needs an int or bool tensor)")
         return self._alu(Ops.NOT)
 
@@ -1157,13 +1162,13 @@ class Tensor(MathOps, NNOps):
 
     def _shift(self, op: Ops, x: Any, name: str) -> Tensor:
         if not self.dtype.is_int:
-            raise TypeError(f"{name} is not defined for dtype {self.dtype} (needs an int tensor)")
+            raise ArgumentTypeError(f"{name} is not defined for dtype {self.dtype} (needs an int tensor)")
         if _is_scalar(x):
             amount = self._const(int(_scalar(x)))
             return self._alu(op, amount)
         a, b = self._operands(x)
         if not a.dtype.is_int:
-            raise TypeError(f"{name} needs an int shift amount, got {self._as_tensor(x).dtype}")
+            raise ArgumentTypeError(f"{name} needs an int shift amount, got {self._as_tensor(x).dtype}")
         return a._alu(op, b)
 
     def lshift(self, x: Any) -> Tensor:
@@ -1228,7 +1233,7 @@ class Tensor(MathOps, NNOps):
         """Bounds selected with where, so the gradient is 1 on [min_, max_] including the bounds and 0
         outside (torch's clamp), NaN stays NaN, and min_ > max_ gives max_ everywhere (torch)."""
         if min_ is None and max_ is None:
-            raise ValueError("clip needs at least one of min_ and max_")
+            raise ArgumentError("clip needs at least one of min_ and max_")
         x = self
         if min_ is not None:
             lo, x = x._operands(min_, reverse=True)
@@ -1383,7 +1388,7 @@ class Tensor(MathOps, NNOps):
             return self._float_fn(
                 lambda x: 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh()))
         if approximate != "none":
-            raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+            raise ArgumentError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
         return self._float_fn(lambda x: 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf()))
 
     def quick_gelu(self) -> Tensor:
@@ -1420,7 +1425,7 @@ class Tensor(MathOps, NNOps):
     def _no_empty(self, axis: Axis, name: str) -> None:
         for a in self._axes(axis):
             if self.shape[a] == 0:
-                raise ValueError(f"{name}() over axis {a} of size 0 (shape {self.shape}) has no identity")
+                raise ShapeError(f"{name}() over axis {a} of size 0 (shape {self.shape}) has no identity")
 
     @staticmethod
     def _acc_dtype(dt: DType, dtype: DTypeLike | None) -> DType:
@@ -1570,18 +1575,18 @@ class Tensor(MathOps, NNOps):
         shp = [_dim(s, f"reshape {tuple(shp)}", allow_minus_one=True) for s in shp]
         n = self.numel()
         if shp.count(-1) > 1:
-            raise ValueError(f"reshape {tuple(shp)}: only one dimension can be -1")
+            raise ShapeError(f"reshape {tuple(shp)}: only one dimension can be -1")
         if -1 in shp:
             known = _prod([s for s in shp if s != -1])
             if known == 0 or n % known:
-                raise ValueError(f"cannot reshape {self.shape} to {tuple(shp)}: -1 cannot be inferred")
+                raise ShapeError(f"cannot reshape {self.shape} to {tuple(shp)}: -1 cannot be inferred")
             shp[shp.index(-1)] = n // known
         for s in shp:
             if isinstance(s, int) and s < 0:
-                raise ValueError(f"cannot reshape {self.shape} to {tuple(shp)}: negative size")
+                raise ShapeError(f"cannot reshape {self.shape} to {tuple(shp)}: negative size")
         new = tuple(shp)
         if isinstance(n, int) and isinstance(_prod(new), int) and _prod(new) != n:
-            raise ValueError(f"cannot reshape {self.shape} ({n} elements) to {new} ({_prod(new)} elements)")
+            raise ShapeError(f"cannot reshape {self.shape} ({n} elements) to {new} ({_prod(new)} elements)")
         return self if new == self.shape else Tensor(UOp(Ops.RESHAPE, self.dtype, (self.uop,), new))
 
     def view(self, *shape: Any) -> Tensor:
@@ -1590,10 +1595,10 @@ class Tensor(MathOps, NNOps):
     def permute(self, *order: Any) -> Tensor:
         o = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
         if len(o) != self.ndim:
-            raise ValueError(f"permute order {o} does not match the {self.ndim} dims of shape {self.shape}")
+            raise ShapeError(f"permute order {o} does not match the {self.ndim} dims of shape {self.shape}")
         norm = tuple(self._axis(a) for a in o)
         if sorted(norm) != list(range(self.ndim)):
-            raise ValueError(f"permute order {o} is not a permutation of the dims of shape {self.shape}")
+            raise ShapeError(f"permute order {o} is not a permutation of the dims of shape {self.shape}")
         if norm == tuple(range(self.ndim)):
             return self
         return Tensor(UOp(Ops.PERMUTE, self.dtype, (self.uop,), norm))
@@ -1610,15 +1615,15 @@ class Tensor(MathOps, NNOps):
         shp = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         shp = tuple(_dim(s, f"expand {self.shape} to {shp}", allow_minus_one=True) for s in shp)
         if len(shp) < self.ndim:
-            raise ValueError(f"cannot expand {self.shape} to {shp}: fewer dims")
+            raise ShapeError(f"cannot expand {self.shape} to {shp}: fewer dims")
         x = self.reshape((1,) * (len(shp) - self.ndim) + self.shape) if len(shp) > self.ndim else self
         new = tuple(x.shape[i] if isinstance(s, int) and s == -1 else s for i, s in enumerate(shp))
         if any(isinstance(s, int) and s == -1 for s in shp[:len(shp) - self.ndim]):
-            raise ValueError(f"cannot expand {self.shape} to {shp}: -1 is only allowed for existing dims")
+            raise ShapeError(f"cannot expand {self.shape} to {shp}: -1 is only allowed for existing dims")
         _check_numel(new, "expand")
         for old, s in zip(x.shape, new):
             if old != s and old != 1:
-                raise ValueError(f"cannot expand {self.shape} to {shp}")
+                raise ShapeError(f"cannot expand {self.shape} to {shp}")
         return x if new == x.shape else Tensor(UOp(Ops.EXPAND, self.dtype, (x.uop,), new))
 
     def expand_as(self, x: Tensor) -> Tensor:
@@ -1649,17 +1654,17 @@ class Tensor(MathOps, NNOps):
         (before, after) pair or None per dim. Negative amounts crop, in every mode, before any padding
         (so reflect/replicate/circular read the cropped tensor, as torch's F.pad)."""
         if mode not in ("constant", "reflect", "replicate", "circular"):
-            raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
+            raise ArgumentError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
         pads: list[tuple[Any, Any]] = [(0, 0)] * self.ndim
         if all(isinstance(p, (int, np.integer, UOp)) for p in padding):
             if len(padding) % 2 or len(padding) > 2 * self.ndim:
-                raise ValueError(f"flat padding {tuple(padding)} needs an even length <= {2 * self.ndim} "
+                raise ShapeError(f"flat padding {tuple(padding)} needs an even length <= {2 * self.ndim} "
                                  f"for shape {self.shape}")
             for i in range(len(padding) // 2):
                 pads[self.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
         else:
             if len(padding) != self.ndim:
-                raise ValueError(f"padding {tuple(padding)} needs one entry per dim of shape {self.shape}")
+                raise ShapeError(f"padding {tuple(padding)} needs one entry per dim of shape {self.shape}")
             pads = [(0, 0) if p is None else (p[0], p[1]) for p in padding]
         x = self
         if any(isinstance(b, int) and b < 0 or isinstance(a, int) and a < 0 for b, a in pads):
@@ -1685,7 +1690,7 @@ class Tensor(MathOps, NNOps):
             n = x.shape[d]
             limit = n - 1 if mode == "reflect" else n
             if mode != "replicate" and max(b, a) > limit:
-                raise ValueError(f"{mode} padding {(b, a)} does not fit dim {d} of shape {self.shape}")
+                raise ShapeError(f"{mode} padding {(b, a)} does not fit dim {d} of shape {self.shape}")
 
             def part(lo: int, hi: int, flip: bool = False, _d: int = d, _x: Tensor = x) -> Tensor:
                 p = _x.shrink([(lo, hi) if i == _d else None for i in range(_x.ndim)])
@@ -1703,11 +1708,11 @@ class Tensor(MathOps, NNOps):
 
     def shrink(self, arg: Sequence[tuple[Any, Any] | None]) -> Tensor:
         if len(arg) != self.ndim:
-            raise ValueError(f"shrink {tuple(arg)} needs one entry per dim of shape {self.shape}")
+            raise ShapeError(f"shrink {tuple(arg)} needs one entry per dim of shape {self.shape}")
         norm = tuple((0, s) if a is None else (a[0], a[1]) for a, s in zip(arg, self.shape))
         for (b, e), s in zip(norm, self.shape):
             if isinstance(b, int) and isinstance(e, int) and isinstance(s, int) and not 0 <= b <= e <= s:
-                raise ValueError(f"shrink {norm} is out of bounds for shape {self.shape}")
+                raise ShapeError(f"shrink {norm} is out of bounds for shape {self.shape}")
         if all(b == 0 and e == s for (b, e), s in zip(norm, self.shape)):
             return self
         return Tensor(UOp(Ops.SHRINK, self.dtype, (self.uop,), norm))
@@ -1724,7 +1729,7 @@ class Tensor(MathOps, NNOps):
         reps = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else repeats
         reps = tuple(_dim(r, f"repeat {reps}") for r in reps)
         if len(reps) < self.ndim:
-            raise ValueError(f"repeat {reps} needs at least {self.ndim} values for shape {self.shape}")
+            raise ShapeError(f"repeat {reps} needs at least {self.ndim} values for shape {self.shape}")
         base = (1,) * (len(reps) - self.ndim) + self.shape
         interleaved = tuple(v for s in base for v in (1, s))
         x = self.reshape(interleaved).expand(tuple(v for r, s in zip(reps, base) for v in (r, s)))
@@ -1734,7 +1739,7 @@ class Tensor(MathOps, NNOps):
         """Concatenate along dim: `a.cat(b, c, dim=1)` or `Tensor.cat([a, b, c], dim=1)`."""
         tensors = list(self) + list(args) if isinstance(self, (list, tuple)) else [self, *args]
         if not tensors:
-            raise ValueError("cat needs at least one tensor")
+            raise ArgumentError("cat needs at least one tensor")
         first = tensors[0]
         d = first._axis(dim)
         dt = tensors[0].dtype
@@ -1742,7 +1747,7 @@ class Tensor(MathOps, NNOps):
             dt = promote_types(dt, t.dtype)
             if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape))
                                             if i != d):
-                raise ValueError(f"cat: shape {t.shape} does not match {first.shape} outside dim {d}")
+                raise ShapeError(f"cat: shape {t.shape} does not match {first.shape} outside dim {d}")
         total = sum(t.shape[d] for t in tensors)
         parts, off = [], 0
         for t in tensors:
@@ -1765,12 +1770,12 @@ class Tensor(MathOps, NNOps):
         n = self.shape[d]
         if isinstance(split_size, int):
             if split_size <= 0:
-                raise ValueError(f"split size must be positive, got {split_size}")
+                raise ArgumentError(f"split size must be positive, got {split_size}")
             sizes = [min(split_size, n - i) for i in range(0, n, split_size)] or [0]
         else:
             sizes = list(split_size)
             if sum(sizes) != n:
-                raise ValueError(f"split sizes {sizes} do not add up to {n} (dim {d} of shape {self.shape})")
+                raise ShapeError(f"split sizes {sizes} do not add up to {n} (dim {d} of shape {self.shape})")
         out, off = [], 0
         for s in sizes:
             arg: list[tuple[int, int] | None] = [None] * self.ndim
@@ -1781,7 +1786,7 @@ class Tensor(MathOps, NNOps):
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
         if chunks <= 0:
-            raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
+            raise ShapeError(f"chunk needs a positive number of chunks, got {chunks}")
         n = self.shape[self._axis(dim)]
         return self.split(max(1, math.ceil(n / chunks)), dim)
 
@@ -1793,7 +1798,7 @@ class Tensor(MathOps, NNOps):
 
     def _tri(self, diagonal: int, lower: bool) -> Tensor:
         if self.ndim < 2:
-            raise ValueError(f"tril/triu need at least 2 dims, got shape {self.shape}")
+            raise ShapeError(f"tril/triu need at least 2 dims, got shape {self.shape}")
         r, c = self.shape[-2:]
         rows = Tensor.arange(r, device=self.device).reshape(r, 1) + diagonal
         cols = Tensor.arange(c, device=self.device).reshape(1, c)
@@ -1821,20 +1826,20 @@ class Tensor(MathOps, NNOps):
                 first = start if start is not None else 0
                 covered = tuple(self.shape[first:first + it.ndim])
                 if covered != it.shape:
-                    raise IndexError(f"boolean index of shape {it.shape} does not match the indexed "
+                    raise TensorIndexError(f"boolean index of shape {it.shape} does not match the indexed "
                                      f"dimensions {first}..{first + it.ndim - 1} of shape {covered}")
                 coords = [Tensor(c.astype(np.int64), device=self.device) for c in np.nonzero(it.numpy())]
                 host_checked.update(id(c) for c in coords)
                 norm.extend(coords)
                 continue
             if isinstance(it, Tensor) and it.dtype.is_float:
-                raise IndexError(f"index tensors must be int or bool, got {it.dtype}")
+                raise TensorIndexError(f"index tensors must be int or bool, got {it.dtype}")
             norm.append(int(it) if isinstance(it, np.integer) else it)
         if sum(1 for it in norm if it is Ellipsis) > 1:
-            raise IndexError("an index can only have a single ellipsis")
+            raise TensorIndexError("an index can only have a single ellipsis")
         consumed = sum(1 for it in norm if it is not None and it is not Ellipsis)
         if consumed > self.ndim:
-            raise IndexError(f"too many indices for a tensor of {self.ndim} dims (shape {self.shape}): "
+            raise TensorIndexError(f"too many indices for a tensor of {self.ndim} dims (shape {self.shape}): "
                              f"{consumed} given")
         if any(it is Ellipsis for it in norm):
             i = next(j for j, it in enumerate(norm) if it is Ellipsis)
@@ -1855,7 +1860,7 @@ class Tensor(MathOps, NNOps):
                 continue
             size = self.shape[dim]
             if isinstance(it, bool) or not isinstance(it, (int, slice, Tensor, UOp)):
-                raise IndexError(f"unsupported index {it!r} of type {type(it).__name__}")
+                raise TensorIndexError(f"unsupported index {it!r} of type {type(it).__name__}")
             symbolic = _symbolic_window(it, size, dim)
             if symbolic is not None:
                 # a window that moves with a bound Variable (x[v], x[v:v+n]) is a shrink with a
@@ -1872,7 +1877,8 @@ class Tensor(MathOps, NNOps):
                     adv_items.append(pos)
             elif isinstance(it, int):
                 if not -size <= it < size:
-                    raise IndexError(f"index {it} is out of bounds for dimension {dim} with size {size}")
+                    raise TensorIndexError(f"index {it} is out of bounds for dimension {dim} with size "
+                                           f"{size}")
                 i = it % size
                 plan.shrink.append((i, i + 1))
                 plan.flip.append(False)
@@ -2009,9 +2015,9 @@ class Tensor(MathOps, NNOps):
         try:
             v = v._broadcast_to(_broadcast_shapes(target, v.shape))
         except ValueError:
-            raise ValueError(f"cannot broadcast value of shape {v.shape} to indexed shape {target}") from None
+            raise ShapeError(f"cannot broadcast value of shape {v.shape} to indexed shape {target}") from None
         if v.shape != target:
-            raise ValueError(f"cannot broadcast value of shape {v.shape} to indexed shape {target}")
+            raise ShapeError(f"cannot broadcast value of shape {v.shape} to indexed shape {target}")
         if not plan.advanced:
             new = self._unindex_mask(plan, v)
         else:
@@ -2046,10 +2052,10 @@ class Tensor(MathOps, NNOps):
         """out[i][j] = self[index[i][j]][j] for dim=0 (torch.gather)."""
         d = self._axis(dim)
         if index.ndim != self.ndim:
-            raise ValueError(f"gather: index has {index.ndim} dims, input {self.shape} has {self.ndim}")
+            raise ShapeError(f"gather: index has {index.ndim} dims, input {self.shape} has {self.ndim}")
         for i, (a, b) in enumerate(zip(index.shape, self.shape)):
             if i != d and a > b:
-                raise ValueError(f"gather: index shape {index.shape} exceeds input {self.shape} at dim {i}")
+                raise ShapeError(f"gather: index shape {index.shape} exceeds input {self.shape} at dim {i}")
         n = self.shape[d]
         _defer_index_check(index, n, "gather")
         x = self.shrink([None if i == d else (0, s) for i, s in enumerate(index.shape)]).transpose(d, -1)
@@ -2060,15 +2066,15 @@ class Tensor(MathOps, NNOps):
 
     def one_hot(self, num_classes: int) -> Tensor:
         if not self.dtype.is_int:
-            raise TypeError(f"one_hot needs an int tensor, got {self.dtype}")
+            raise ArgumentTypeError(f"one_hot needs an int tensor, got {self.dtype}")
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.int64)
 
     def embedding(self, weight: Tensor) -> Tensor:
         """`indices.embedding(weight)` = weight[indices] (torch.nn.functional.embedding(indices, weight))."""
         if weight.ndim != 2:
-            raise ValueError(f"embedding weight must be 2-d (num, dim), got shape {weight.shape}")
+            raise ShapeError(f"embedding weight must be 2-d (num, dim), got shape {weight.shape}")
         if not self.dtype.is_int:
-            raise TypeError(f"embedding indices must be integers, got {self.dtype}")
+            raise ArgumentTypeError(f"embedding indices must be integers, got {self.dtype}")
         _defer_index_check(self, weight.shape[0], "embedding")
         return weight._take_rows(self)
 
@@ -2088,7 +2094,7 @@ class Tensor(MathOps, NNOps):
         if not isinstance(w, Tensor):
             w = self._as_tensor(w)
         if self.ndim == 0 or w.ndim == 0:
-            raise ValueError(f"matmul needs at least 1 dim on both sides, got {self.shape} @ {w.shape}")
+            raise ShapeError(f"matmul needs at least 1 dim on both sides, got {self.shape} @ {w.shape}")
         x, y = self, w
         if x.dtype != y.dtype:
             dt = promote_types(x.dtype, y.dtype)
@@ -2096,12 +2102,12 @@ class Tensor(MathOps, NNOps):
         xm = x.reshape(1, x.shape[0]) if x.ndim == 1 else x
         ym = y.reshape(y.shape[0], 1) if y.ndim == 1 else y
         if xm.shape[-1] != ym.shape[-2]:
-            raise ValueError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} "
+            raise ShapeError(f"matmul: inner dimensions differ: {self.shape} @ {w.shape} "
                              f"({xm.shape[-1]} != {ym.shape[-2]})")
         try:
             _broadcast_shapes(xm.shape[:-2], ym.shape[:-2])
         except ValueError:
-            raise ValueError(f"matmul: batch dims of {self.shape} and {w.shape} cannot broadcast") from None
+            raise ShapeError(f"matmul: batch dims of {self.shape} and {w.shape} cannot broadcast") from None
         n, k, m = xm.shape[-2], xm.shape[-1], ym.shape[-1]
         a = xm.reshape(xm.shape[:-2] + (n, 1, k))
         b = ym.transpose(-1, -2).reshape(ym.shape[:-2] + (1, m, k))
@@ -2131,7 +2137,7 @@ class Tensor(MathOps, NNOps):
         lhs, arrow, rhs = f.partition("->")
         ins = lhs.split(",")
         if len(ins) != len(ops):
-            raise ValueError(f"einsum {formula!r} names {len(ins)} operands, got {len(ops)}")
+            raise ArgumentError(f"einsum {formula!r} names {len(ins)} operands, got {len(ops)}")
         spare = [c for c in string.ascii_letters if c not in f]
         n_ell = max([t.ndim - (len(s) - 3) for s, t in zip(ins, ops) if "..." in s], default=0)
         ell = "".join(spare[:n_ell])
@@ -2140,10 +2146,10 @@ class Tensor(MathOps, NNOps):
             if "..." in s:
                 k = t.ndim - (len(s) - 3)
                 if k < 0:
-                    raise ValueError(f"einsum: operand {i} of shape {t.shape} has too few dims for {s!r}")
+                    raise ShapeError(f"einsum: operand {i} of shape {t.shape} has too few dims for {s!r}")
                 s = s.replace("...", ell[n_ell - k:])
             if len(s) != t.ndim or not s.isalpha() and s:
-                raise ValueError(f"einsum: operand {i} has shape {t.shape} but subscripts {ins[i]!r}")
+                raise ShapeError(f"einsum: operand {i} has shape {t.shape} but subscripts {ins[i]!r}")
             subs.append(s)
         if arrow:
             out = rhs.replace("...", ell)
@@ -2158,12 +2164,12 @@ class Tensor(MathOps, NNOps):
         for s, t in zip(subs, tensors):
             for c, n in zip(s, t.shape):
                 if sizes.get(c, 1) != 1 and n != 1 and sizes[c] != n:
-                    raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {n}")
+                    raise ArgumentError(f"einsum: letter {c!r} has sizes {sizes[c]} and {n}")
                 if n != 1 or c not in sizes:
                     sizes[c] = n
         for c in out:
             if c not in sizes:
-                raise ValueError(f"einsum: output letter {c!r} does not appear in the inputs")
+                raise ArgumentError(f"einsum: output letter {c!r} does not appear in the inputs")
         summed = sorted(c for c in sizes if c not in out)
         letters = list(out) + summed
         full = tuple(sizes[c] for c in letters)
@@ -2202,7 +2208,7 @@ class Tensor(MathOps, NNOps):
         i = self.shape[axis]
         span = d * (k - 1) + 1
         if i < span:
-            raise ValueError(f"window of {k} (dilation {d}) does not fit in size {i} (shape {self.shape})")
+            raise ShapeError(f"window of {k} (dilation {d}) does not fit in size {i} (shape {self.shape})")
         o = (i - span) // s + 1
         pre, post = self.shape[:axis], self.shape[axis + 1:]
         x = self.reshape(pre + (1, i) + post).expand(pre + (k, i) + post).reshape(pre + (k * i,) + post)
@@ -2221,10 +2227,10 @@ class Tensor(MathOps, NNOps):
                 return [(0, 0)] * n
             if padding == "same":
                 if any(s != 1 for s in stride):
-                    raise ValueError("padding='same' needs stride 1")
+                    raise ArgumentError("padding='same' needs stride 1")
                 totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
                 return [(t // 2, t - t // 2) for t in totals]
-            raise ValueError(f"padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
+            raise ArgumentError(f"padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
         if isinstance(padding, int):
             return [(padding, padding)] * n
         p = tuple(padding)
@@ -2232,23 +2238,23 @@ class Tensor(MathOps, NNOps):
             return [(v, v) for v in p]
         if len(p) == 2 * n:  # torch F.pad order: last dim first
             return [(p[2 * (n - 1 - i)], p[2 * (n - 1 - i) + 1]) for i in range(n)]
-        raise ValueError(f"padding {p} needs 1, {n} or {2 * n} values")
+        raise ArgumentError(f"padding {p} needs 1, {n} or {2 * n} values")
 
     def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: Any = 1,
                dilation: Any = 1, padding: Any = 0) -> Tensor:
         """Convolution (cross-correlation, as torch) over the last weight.ndim - 2 dims; tinygrad's
         argument order. x: (N, Cin, *spatial), weight: (Cout, Cin // groups, *kernel)."""
         if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
-            raise ValueError(f"conv: groups must be a positive int, got {groups!r}")
+            raise ArgumentError(f"conv: groups must be a positive int, got {groups!r}")
         nd = weight.ndim - 2
         if nd < 1 or self.ndim != nd + 2:
-            raise ValueError(f"conv: input {self.shape} and weight {weight.shape} need (N, C, *spatial) and "
+            raise ShapeError(f"conv: input {self.shape} and weight {weight.shape} need (N, C, *spatial) and "
                              f"(Cout, Cin/groups, *kernel) with the same number of spatial dims")
         bs, cin = self.shape[:2]
         cout, cin_g = weight.shape[:2]
         kernel = tuple(weight.shape[2:])
         if cin != cin_g * groups or cout % groups:
-            raise ValueError(f"conv: input {self.shape} has {cin} channels; weight {weight.shape} with "
+            raise ShapeError(f"conv: input {self.shape} has {cin} channels; weight {weight.shape} with "
                              f"groups={groups} expects {cin_g * groups} (and Cout divisible by groups)")
         st = _to_tuple(stride, nd, "stride", positive=True)
         dl = _to_tuple(dilation, nd, "dilation", positive=True)
@@ -2273,7 +2279,7 @@ class Tensor(MathOps, NNOps):
         dl = _to_tuple(dilation, n, "dilation")
         pads = Tensor._resolve_padding(padding, k, dl, st)
         if self.ndim < n:
-            raise ValueError(f"pooling over {n} dims needs at least {n} dims, got shape {self.shape}")
+            raise ShapeError(f"pooling over {n} dims needs at least {n} dims, got shape {self.shape}")
         return k, st, dl, pads
 
     def _max_pool(self, n: int, kernel_size: Any, stride: Any, dilation: Any, padding: Any, ceil_mode: bool,
@@ -2323,7 +2329,7 @@ class Tensor(MathOps, NNOps):
         total = self.pad([(0, 0)] * (self.ndim - n) + full)._pool(k, st, dl).sum(axes, dtype=ft)
         if divisor_override is not None:
             if not isinstance(divisor_override, (int, np.integer)) or divisor_override == 0:
-                raise ValueError(f"divisor_override must be a non-zero int, got {divisor_override!r}")
+                raise ArgumentError(f"divisor_override must be a non-zero int, got {divisor_override!r}")
             return total / int(divisor_override)
         if count_include_pad and not any(extra):
             return total / _prod(k)
@@ -2354,7 +2360,7 @@ class Tensor(MathOps, NNOps):
         """torch.nn.functional.layer_norm over the trailing normalized_shape dims."""
         ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         if tuple(self.shape[self.ndim - len(ns):]) != ns:
-            raise ValueError(f"layer_norm: normalized_shape {ns} does not match the end of {self.shape}")
+            raise ShapeError(f"layer_norm: normalized_shape {ns} does not match the end of {self.shape}")
         x = self.layernorm(tuple(range(self.ndim - len(ns), self.ndim)), eps)
         if weight is not None:
             x = x * weight
@@ -2375,18 +2381,18 @@ class Tensor(MathOps, NNOps):
                 if h == hq:
                     return t
                 if hq % h:
-                    raise ValueError(f"attention: query has {hq} heads, not a multiple of the {h} of {what}")
+                    raise ShapeError(f"attention: query has {hq} heads, not a multiple of the {h} of {what}")
                 s = t.shape
                 x = t.reshape(s[:-2] + (1,) + s[-2:]).expand(s[:-2] + (hq // h,) + s[-2:])
                 return x.reshape(s[:-3] + (hq,) + s[-2:])
             key, value = heads(key, f"key {key.shape}"), heads(value, f"value {value.shape}")
         if q.shape[-1] != key.shape[-1]:
-            raise ValueError(f"attention: query {q.shape} and key {key.shape} differ in the last dim")
+            raise ShapeError(f"attention: query {q.shape} and key {key.shape} differ in the last dim")
         sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         scores = (q @ key.transpose(-1, -2)) * sc
         if is_causal:
             if attn_mask is not None:
-                raise ValueError("attention: give attn_mask or is_causal, not both")
+                raise ArgumentError("attention: give attn_mask or is_causal, not both")
             lq, lk = q.shape[-2], key.shape[-2]
             attn_mask = Tensor.ones(lq, lk, dtype=dtypes.bool, device=q.device).tril()
         if attn_mask is not None:
@@ -2448,7 +2454,7 @@ def _einsum_diagonals(t: Tensor, s: str) -> tuple[Tensor, str]:
         p2 = s.index(c, p1 + 1)
         n = t.shape[p1]
         if t.shape[p2] != n:
-            raise ValueError(f"einsum: repeated letter {c!r} has sizes {n} and {t.shape[p2]}")
+            raise ShapeError(f"einsum: repeated letter {c!r} has sizes {n} and {t.shape[p2]}")
         others = [i for i in range(t.ndim) if i not in (p1, p2)]
         lead = tuple(t.shape[i] for i in others)
         x = t.permute(others + [p1, p2]).reshape(lead + (n * n,))
