@@ -67,7 +67,7 @@ def _fd(f_np, arrays, upstream, i=0, h=1e-6):
 
 
 # ---------------------------------------------------------------------- unary math
-@pytest.mark.parametrize("dt", SWEEP_DTYPES, ids=str)
+@pytest.mark.parametrize("dt", SWEEP_DTYPES + ([] if ON_NV else [dtypes.bfloat16]), ids=str)
 def test_unary_sweep(dt, data, check):
     outs, exp, names = [], [], []
     for name, (ref, _, (lo, hi)) in UNARY.items():
@@ -84,6 +84,15 @@ def test_unary_sweep(dt, data, check):
     check(outs, exp, names, **({"rtol": 4e-3, "atol": 4e-3} if dt == dtypes.float16 else {}))
 
 
+def test_sorting_and_cumulative_fuse_into_few_kernels(data):
+    from rawgrad.tensor.schedule import create_schedule
+    kernels = lambda *outs: sum(1 for it in create_schedule([o.uop for o in outs])[0] if it.ast is not None)
+    t = Tensor(data((4, N))).realize()
+    assert kernels(*t.sort()) <= 3  # ranks, then values and indices: nothing n*n-sized is stored
+    assert kernels(t.cumprod(1)) == 1 and kernels(t.logcumsumexp(1)) <= 3
+    assert kernels(t.atan(), t.asinh(), t.acosh(), t.sinh()) <= 4
+
+
 def test_unary_edge_values():
     x = np.array([-np.inf, -1e30, -1e5, -1.0, -1e-7, -0.0, 0.0, 1e-7, 0.5, 1.0, 1e5, 1e30, np.inf, np.nan],
                  np.float32)
@@ -91,7 +100,8 @@ def test_unary_edge_values():
         ref = {"atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "asin": np.arcsin,
                "acos": np.arccos, "atanh": np.arctanh, "acosh": np.arccosh, "log10": np.log10}[name]
         got, want = getattr(Tensor(x), name)().numpy(), _ref(ref, x).astype(np.float32)
-        near(got, want, rtol=2e-6, atol=0, equal_nan=True, err_msg=name)
+        # (atol: a device LOG2 may be an approximation, log10(1) on the NV mock is 7e-8)
+        near(got, want, rtol=2e-6, atol=2e-7, equal_nan=True, err_msg=name)
     # tiny arguments keep their relative precision (log1p / series forms)
     t = np.array([1e-6, -3e-5, 2e-4], np.float32)
     for name, ref in (("sinh", np.sinh), ("asinh", np.arcsinh), ("atanh", np.arctanh), ("atan", np.arctan)):

@@ -41,6 +41,8 @@ _ATAN_COEFFS = (0.9999999999999993, -0.3333333333322464, 0.19999999978837593, -0
                 0.05026770854021795, -0.025342041106590094)
 # sinh(x) / x as a polynomial in x*x, the Taylor series to x^14 (error < 1e-17 relative for |x| <= 0.5)
 _SINH_COEFFS = tuple(1.0 / math.factorial(2 * k + 1) for k in range(8))
+# atanh(s) / s as a polynomial in s*s, its Taylor series (error < 1e-18 for |s| <= 1/9, i.e. |y| <= 1/4)
+_ATANH_COEFFS = tuple(1.0 / (2 * k + 1) for k in range(9))
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
@@ -72,19 +74,24 @@ def _atan(x: Tensor) -> Tensor:
 
 
 def _log1p(y: Tensor) -> Tensor:
-    """log(1 + y), exact for small y: log(u) * y / (u - 1) with u = 1 + y rounded (the rounding of u
-    cancels), y itself where u rounds to 1."""
-    u = 1 + y
-    d = u - 1
-    tiny = d == 0
-    return tiny.where(y, u.log() * (y / tiny.where(1, d)))
+    """log(1 + y), exact for small y on every backend (a device's LOG2 may be an approximation that is
+    poor near 1): 2 atanh(s) with s = y / (2 + y) as a series for |y| <= 1/4, log(1 + y) beyond."""
+    small = y.abs() <= 0.25
+    ys, yb = small.where(y, 0), small.where(0, y)
+    s = ys / (2 + ys)
+    return small.where(2 * s * _poly(s * s, _ATANH_COEFFS), (1 + yb).log())
 
 
-def _lower(n: int, device: str) -> Tensor:
-    """(n, n) bool: [i, j] is true where j <= i (element j is in prefix i)."""
+def _pairs(xt: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """xt (..., n) as (..., n, n) grids: x[i] down the rows, x[j] along the columns, and the int64
+    positions i and j. Everything is broadcast before any ALU op, so the compares that follow fuse into
+    the reduce that consumes them (an ALU result that is then expanded gets a kernel of its own)."""
     from rawgrad.tensor.tensor import Tensor
-    pos = Tensor.arange(n, device=device)
-    return pos.reshape(n, 1) >= pos.reshape(1, n)
+    n = xt.shape[-1]
+    shape = xt.shape[:-1] + (n, n)
+    pos = Tensor.arange(n, dtype=dtypes.int64, device=xt.device)
+    return (xt.unsqueeze(-1).expand(shape), xt.unsqueeze(-2).expand(shape),
+            pos.reshape(n, 1).expand(shape), pos.reshape(1, n).expand(shape))
 
 
 def _take_last(x: Tensor, idx: Tensor) -> Tensor:
@@ -317,9 +324,8 @@ class MathOps:
             self._axis(dim)
             return x
         ax = self._axis(dim)
-        xt = x.transpose(ax, -1)
-        return _lower(self.shape[ax], self.device).where(xt.unsqueeze(-2), 1) \
-            .prod(-1, dtype=x.dtype).transpose(ax, -1)
+        _, xj, i, j = _pairs(x.transpose(ax, -1))
+        return (j <= i).where(xj, 1).prod(-1, dtype=x.dtype).transpose(ax, -1)
 
     def _cum_extreme(self: Tensor, dim: int, largest: bool) -> ValuesIndices:
         """cummax/cummin: the index is the last one holding the running extreme; a NaN sticks (torch)."""
@@ -327,18 +333,16 @@ class MathOps:
         ax = self._axis(dim)
         if self.ndim == 0:
             return ValuesIndices(self, Tensor._full((), 0, dtypes.int64, self.device))
-        n = self.shape[ax]
         xt = self.transpose(ax, -1)
-        key = _order_key(xt, largest).unsqueeze(-2)  # (..., 1, j)
-        lower = _lower(n, self.device)
+        _, xj, i, j = _pairs(xt)
+        key, lower = _order_key(xj, largest), j <= i
         nan = key.isnan() if key.dtype.is_float else None
         pool = lower if nan is None else lower & nan.logical_not()
         best = pool.where(key, _lowest(key.dtype)).max(-1, keepdim=True)  # (..., i, 1), NaNs left out
         hit = lower & (key == best)
         if nan is not None:
             hit = (lower & nan).any(-1, keepdim=True).where(lower & nan, hit)
-        pos = Tensor.arange(n, dtype=dtypes.int64, device=self.device)
-        idx = hit.where(pos, 0).max(-1)
+        idx = hit.where(j, 0).max(-1)
         return ValuesIndices(_take_last(xt, idx).transpose(ax, -1), idx.transpose(ax, -1))
 
     def cummax(self: Tensor, dim: int) -> ValuesIndices:
@@ -356,11 +360,11 @@ class MathOps:
             return self._float_fn(lambda x: x)
 
         def fn(x: Tensor) -> Tensor:
-            lower = _lower(x.shape[ax], x.device)
-            xt = x.transpose(ax, -1).unsqueeze(-2)
-            m = lower.where(xt, -math.inf).max(-1, keepdim=True)
+            _, xj, i, j = _pairs(x.transpose(ax, -1))
+            lower = j <= i
+            m = lower.where(xj, -math.inf).max(-1, keepdim=True)
             m = m.isinf().where(0, m).detach()  # an all -inf (or +inf) prefix must not give inf - inf
-            s = lower.where(xt - m, -math.inf).exp().sum(-1).log() + m.squeeze(-1)
+            s = lower.where(xj - m, -math.inf).exp().sum(-1).log() + m.squeeze(-1)
             return s.transpose(ax, -1)
         return self._float_fn(fn)
 
@@ -375,14 +379,14 @@ class MathOps:
         n = self.shape[ax]
         k = n if k is None else k
         xt = self.transpose(ax, -1)
-        ki, kj = xt.unsqueeze(-1), xt.unsqueeze(-2)  # element i along rows, j along columns
-        pos = Tensor.arange(n, dtype=dtypes.int64, device=self.device)
+        ki, kj, i, j = _pairs(xt)
         first = _after(kj, ki) if descending else _after(ki, kj)  # j goes before i
-        first = first | (_same(ki, kj) & (pos.reshape(1, n) < pos.reshape(n, 1)))
-        rank = first.sum(-1)  # (..., i): where element i lands
-        hit = rank.unsqueeze(-2) == pos.shrink(((0, k),)).reshape(k, 1)  # (..., r, i)
-        vals = _masked_sum(hit, kj._broadcast_to(hit.shape), (hit.ndim - 1,))
-        idx = _masked_sum(hit, pos._broadcast_to(hit.shape), (hit.ndim - 1,))
+        rank = (first | (_same(ki, kj) & (j < i))).sum(-1)  # (..., i): where element i lands
+        pos = Tensor.arange(k, dtype=dtypes.int64, device=self.device)
+        hit = rank.unsqueeze(-2) == pos.reshape(k, 1)  # (..., r, i)
+        vals = _masked_sum(hit, xt.unsqueeze(-2)._broadcast_to(hit.shape), (hit.ndim - 1,))
+        src = Tensor.arange(n, dtype=dtypes.int64, device=self.device).reshape(1, n)
+        idx = _masked_sum(hit, src._broadcast_to(hit.shape), (hit.ndim - 1,))
         return ValuesIndices(vals.transpose(ax, -1), idx.transpose(ax, -1))
 
     def sort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> ValuesIndices:
