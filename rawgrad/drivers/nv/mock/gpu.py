@@ -19,6 +19,7 @@ import numpy as np
 
 from rawgrad.compiler import elf
 from rawgrad.drivers.nv import abi
+from rawgrad.drivers.nv.mock.sass_check import BindingError, verify_image
 
 if TYPE_CHECKING:
     from rawgrad.drivers.nv.mock.kernel import MemObject
@@ -1067,6 +1068,10 @@ class MockGPU:
             raise _gr_fault(f"program address is at image offset {off:#x}, not the start of a .text section",
                             prog_va)
         entry = text.name[len(_TEXT_PREFIX):]
+        try:  # the SASS must be the code of the PTX interpreted below (sass_check re-assembles it)
+            verify_image(image, (self.sm_version >> 8) * 10 + (self.sm_version & 0xFF))
+        except BindingError as e:
+            raise _gr_fault(str(e), prog_va) from e
         try:
             ptx = f.section(_PTX_SECTION).data.decode()
         except elf.ElfError as e:
