@@ -1,5 +1,5 @@
-"""Shared fixtures: numpy comparison with per-dtype tolerances, seeded inputs, and a count of realized
-tensors (the suite should stay small in kernels once it runs through a real compiler)."""
+"""Shared fixtures: numpy comparison with per-dtype tolerances and seeded inputs. The CI checks (required
+skips, device kernel counts, PTX-only fallbacks) are a plugin in tests/ci_policy.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,29 +9,13 @@ import numpy as np
 import pytest
 
 from rawgrad.dtype import DType, bf16_bits_to_f32, dtypes, f32_to_bf16_bits
-from rawgrad.tensor import realize as realize_module
-
-_realized = {"calls": 0, "tensors": 0}
-_original_realize = realize_module.realize
-
-
-def _counting_realize(*uops: Any) -> Any:
-    _realized["calls"] += 1
-    _realized["tensors"] += len(uops)
-    return _original_realize(*uops)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    realize_module.realize = _counting_realize  # counted, then handed on unchanged
-    import ci_policy  # tests/ is on sys.path (rootdir conftest); the CI checks live there
+    import ci_policy  # tests/ is on sys.path (rootdir conftest)
     if ci_policy.counting_mock_kernels():
         ci_policy.install_kernel_counter()
     config.pluginmanager.register(ci_policy, "rawgrad_ci_policy")
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    terminalreporter.write_line(f"rawgrad: {_realized['tensors']} tensors realized in "
-                                f"{_realized['calls']} realize calls")
 
 
 # float16 and bfloat16 results are compared with references rounded the same way; the tolerance is a
