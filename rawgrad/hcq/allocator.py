@@ -1,7 +1,9 @@
 """Device buffers and the allocator base: an LRU cache of freed buffers and double-free detection."""
 from __future__ import annotations
 
-from collections import OrderedDict
+import threading
+import warnings
+from collections import OrderedDict, deque
 from typing import Any
 
 __all__ = ["Allocator", "HCQBuffer"]
@@ -34,6 +36,12 @@ class Allocator:
 
     `free` does not release memory at once: the buffer goes to a per-size LRU cache that `alloc`
     serves first, bounded by `cache_limit` bytes. `free_cache()` releases everything cached.
+
+    Threads: the cache and the live set are guarded by one lock. `free` never blocks on it: frees come from
+    garbage-collector finalizers (DeviceMemory.__del__), which can run on any thread at any allocation,
+    also on a thread that already holds this lock or a device's lock; a free that finds the lock taken is
+    queued and applied by whoever takes the lock next. So this lock may be taken before a device's lock
+    (a driver's `_alloc` / `_free` may submit or synchronize) and never waits behind one.
     """
 
     def __init__(self, cache_limit: int = DEFAULT_CACHE_LIMIT_BYTES) -> None:
@@ -42,6 +50,8 @@ class Allocator:
         self._lru: OrderedDict[int, HCQBuffer] = OrderedDict()  # id(buf) -> buf, oldest first
         self._by_size: dict[int, list[HCQBuffer]] = {}
         self.cached_bytes = 0
+        self._lock = threading.Lock()  # not re-entrant on purpose: a free from inside is queued instead
+        self._queued_frees: deque[HCQBuffer] = deque()  # appends and pops are atomic: no lock needed
 
     # ------------------------------------------------------------------ driver hooks
     def _alloc(self, nbytes: int) -> HCQBuffer:
@@ -61,25 +71,45 @@ class Allocator:
         """A buffer of at least `nbytes` (exactly `nbytes` as far as `.size` says)."""
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"allocation size must be a positive int, got {nbytes!r}")
-        same = self._by_size.get(nbytes)
-        if same:
-            buf = same.pop()
-            del self._lru[id(buf)]
-            self.cached_bytes -= buf.size
-        else:
-            try:
-                buf = self._alloc(nbytes)
-            except MemoryError:
-                # The cache may be what fills the device; give it back and try once more.
-                self.free_cache()
-                buf = self._alloc(nbytes)
-        self._live[id(buf)] = buf
-        return buf
+        lock = self._lock
+        lock.acquire()  # acquire/release, not `with`: measurably cheaper on this per-buffer path
+        try:
+            if self._queued_frees:
+                self._apply_queued_frees()
+            same = self._by_size.get(nbytes)
+            if same:
+                buf = same.pop()
+                del self._lru[id(buf)]
+                self.cached_bytes -= buf.size
+            else:
+                try:
+                    buf = self._alloc(nbytes)
+                except MemoryError:
+                    # The cache may be what fills the device; give it back and try once more.
+                    self._free_cache_locked()
+                    buf = self._alloc(nbytes)
+            self._live[id(buf)] = buf
+            return buf
+        finally:
+            lock.release()
 
     def free(self, buf: HCQBuffer) -> None:
-        """Give `buf` back (into the cache); freeing it twice or freeing a view raises ValueError."""
+        """Give `buf` back (into the cache); freeing it twice or freeing a view raises ValueError (a free
+        queued because another thread held the allocator reports a double free as a warning instead)."""
         if buf.base is not None:
             raise ValueError(f"{buf!r} is a view of {buf.base!r}; free the base buffer instead")
+        lock = self._lock
+        if not lock.acquire(False):  # never wait (see the class docstring): queue it instead
+            self._queued_frees.append(buf)
+            return
+        try:
+            self._free_locked(buf)
+            if self._queued_frees:
+                self._apply_queued_frees()
+        finally:
+            lock.release()
+
+    def _free_locked(self, buf: HCQBuffer) -> None:
         if self._live.pop(id(buf), None) is None:
             state = "already freed" if id(buf) in self._lru else "not allocated by this allocator"
             raise ValueError(f"double free or foreign buffer: {buf!r} is {state}")
@@ -95,8 +125,23 @@ class Allocator:
             self.cached_bytes -= old.size
             self._free(old)
 
+    def _apply_queued_frees(self) -> None:
+        """The frees that found the lock taken (the caller holds it now)."""
+        while self._queued_frees:
+            buf = self._queued_frees.popleft()
+            try:
+                self._free_locked(buf)
+            except ValueError as e:  # raising here would fail an unrelated alloc or free
+                warnings.warn(f"a queued free failed: {e}", RuntimeWarning, stacklevel=3)
+
     def free_cache(self) -> None:
         """Release every cached buffer to the driver."""
+        with self._lock:
+            if self._queued_frees:
+                self._apply_queued_frees()
+            self._free_cache_locked()
+
+    def _free_cache_locked(self) -> None:
         for buf in self._lru.values():
             self._free(buf)
         self._lru.clear()
@@ -119,4 +164,7 @@ class Allocator:
 
     @property
     def live_buffers(self) -> int:
+        if self._queued_frees:
+            with self._lock:
+                self._apply_queued_frees()
         return len(self._live)

@@ -25,6 +25,11 @@ class HCQDevice:
 
     `timeline_value` is the next value the timeline will be signalled with; every piece of work
     submitted on the timeline signals it, so `synchronize` waits for `timeline_value - 1`.
+
+    Threads: reserving a timeline value and submitting the queue that signals it is one step under
+    `submit_lock` (see `timeline_submit`). Each submission waits for the value before its own, so if two
+    threads could interleave those steps, a queue waiting for a value that is only queued behind it would
+    stall the device for good, and the timeline signal could be written out of order.
     """
 
     def __init__(self, name: str, allocator: Allocator, compiler: Any = None,
@@ -33,6 +38,9 @@ class HCQDevice:
         self.allocator = allocator
         self.compiler = compiler
         self.renderer = renderer
+        # Re-entrant: a driver's submit may run under a caller that already holds it (Program.__call__ ->
+        # queue.submit), and a garbage-collector finalizer may run on a thread that holds it.
+        self.submit_lock = threading.RLock()
         self.timeline_signal: Signal = self.new_signal(0, name=f"{name} timeline")
         self.timeline_value: int = 1
         self._timing: tuple[Signal, Signal] | None = None
@@ -52,10 +60,12 @@ class HCQDevice:
         return self._timing
 
     def next_timeline_value(self) -> int:
-        """Reserve the next timeline value (the caller must signal it)."""
-        value = self.timeline_value
-        self.timeline_value += 1
-        return value
+        """Reserve the next timeline value (the caller must signal it). With several threads, hold
+        `submit_lock` from this call until the queue that signals the value is submitted."""
+        with self.submit_lock:
+            value = self.timeline_value
+            self.timeline_value += 1
+            return value
 
     def queue(self) -> HWQueue:
         """A new, empty compute queue for this device."""
@@ -91,6 +101,7 @@ class DeviceRegistry:
         self._canonical: dict[str, str] = {}  # names already checked (every buffer lookup canonicalizes)
         self._lock = threading.RLock()
         self._drivers_loaded = False
+        self._drivers_loading = False
         self._atexit_registered = False
         self.driver_errors: dict[str, BaseException] = {}
 
@@ -108,9 +119,17 @@ class DeviceRegistry:
         self.driver_errors[kind.upper()] = error
 
     def _load_drivers(self) -> None:
-        if not self._drivers_loaded:
-            self._drivers_loaded = True
-            importlib.import_module(DRIVERS_PACKAGE)
+        if self._drivers_loaded:
+            return
+        with self._lock:  # another thread waits here until every driver has registered
+            if self._drivers_loaded or self._drivers_loading:
+                return  # done, or a lookup made by the drivers' own import code (this thread)
+            self._drivers_loading = True
+            try:
+                importlib.import_module(DRIVERS_PACKAGE)
+            finally:
+                self._drivers_loading = False
+                self._drivers_loaded = True
 
     @property
     def known(self) -> list[str]:

@@ -23,6 +23,7 @@ timestamps are recorded by hcq.profile. A template built without it has no extra
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -219,34 +220,45 @@ class HCQGraph:
         self.queue = _instantiate(template, device, full)
         self.copies = [self.queue]  # bound copies, replayed in turn (see the module docstring)
         self._next_copy = 0
+        self._profile_lock = threading.Lock()
         self.patch_variables = sorted({v for p in self.queue.patch_points for v in p.expr.variables()},
                                       key=lambda v: v.arg)
 
     def submit(self, var_vals: Mapping[UOp, int]) -> int:
         """Replay once after all earlier work of the device's timeline; returns the timeline value it
         signals. Raises (before anything runs) if a variable is missing or out of range."""
-        dev = self.device
-        if self.profile_pairs:
-            # This replay rewrites the same timestamp slots: read the previous replay's first.
-            PROFILER.settle(self)
-        value = dev.timeline_value
-        vals = dict(var_vals)
-        vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
-        k = self._next_copy
-        queue = self.copies[k]
-        if len(self.copies) < MAX_BOUND_COPIES and queue.busy(dev):
-            queue = _instantiate(self.template, dev, self._relocs)  # instead of waiting for `queue` to retire
-            self.copies.append(queue)
-            k = len(self.copies) - 1
-        queue.submit(dev, vals)
-        self._next_copy = (k + 1) % len(self.copies)
-        # Only reserve the value once the work is queued: a refused submit must not leave a gap that
-        # a later synchronize would wait on forever.
-        dev.timeline_value = value + 1
-        if self.profile_pairs:
-            PROFILER.add(dev, value, self.template.profile_names, self.profile_pairs, REPLAY, queue.name,
-                         owner=self)
+        if not self.profile_pairs:
+            return self._submit(var_vals)[0]
+        # The profiler's lock is never taken under a device's lock (it waits for device work while held,
+        # and allocates signals): this graph's own lock orders reading the previous replay's timestamps,
+        # this replay and its record, against another thread replaying the same graph.
+        with self._profile_lock:
+            PROFILER.settle(self)  # this replay rewrites the same timestamp slots: read the last one's first
+            value, queue = self._submit(var_vals)
+            PROFILER.add(self.device, value, self.template.profile_names, self.profile_pairs, REPLAY,
+                         queue.name, owner=self)
         return value
+
+    def _submit(self, var_vals: Mapping[UOp, int]) -> tuple[int, HWQueue]:
+        dev = self.device
+        # One step under the device's lock: reserving the value, choosing and patching a bound copy (patched
+        # in place, so two threads must not write one at once) and the submit that signals the value.
+        with dev.submit_lock:
+            value = dev.timeline_value
+            vals = dict(var_vals)
+            vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
+            k = self._next_copy
+            queue = self.copies[k]
+            if len(self.copies) < MAX_BOUND_COPIES and queue.busy(dev):
+                queue = _instantiate(self.template, dev, self._relocs)  # instead of waiting for it to retire
+                self.copies.append(queue)
+                k = len(self.copies) - 1
+            queue.submit(dev, vals)
+            self._next_copy = (k + 1) % len(self.copies)
+            # Only reserve the value once the work is queued: a refused submit must not leave a gap that
+            # a later synchronize would wait on forever.
+            dev.timeline_value = value + 1
+        return value, queue
 
 
 def plan_arena(sizes: Sequence[int], lifetimes: Sequence[tuple[int, int]],

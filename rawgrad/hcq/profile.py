@@ -271,16 +271,20 @@ def launch(program: Program, bufs: Sequence[HCQBuffer], global_size: tuple[int, 
     event; with `wait`, block and return the kernel's seconds (as Program does)."""
     dev = program.device
     PROFILER.collect()  # cheap, and keeps the pending list short during long eager runs
-    start, end = PROFILER.pair(dev)
-    value = dev.timeline_value
+    start, end = PROFILER.pair(dev)  # the pair is this launch's alone until the profiler reads it
     try:
-        q = dev.queue().wait(dev.timeline_signal, value - 1).timestamp(start)
-        q.exec(program, (*bufs, *vals), global_size, local_size).timestamp(end)
-        q.signal(dev.timeline_signal, value).submit(dev)
+        # Reserving the value and queueing the work that signals it are one step (hcq/device.py). The
+        # profiler's calls stay outside the device's lock: under its own lock it waits for device work and
+        # allocates signals, so it must never be taken while a device's lock is held.
+        with dev.submit_lock:
+            value = dev.timeline_value
+            q = dev.queue().wait(dev.timeline_signal, value - 1).timestamp(start)
+            q.exec(program, (*bufs, *vals), global_size, local_size).timestamp(end)
+            q.signal(dev.timeline_signal, value).submit(dev)
+            dev.timeline_value = value + 1
     except BaseException:
         PROFILER.give_back(dev, (start, end))
         raise
-    dev.timeline_value = value + 1
     PROFILER.add(dev, value, [program.name], [(start, end)], EAGER, EAGER)
     if not wait:
         return None

@@ -29,17 +29,19 @@ class Program:
                  wait: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> float | None:
         """Launch once on the device timeline; with `wait`, block and return the kernel's seconds."""
         dev = self.device
-        value = dev.timeline_value
-        q = dev.queue().wait(dev.timeline_signal, value - 1)
-        if wait:
+        with dev.submit_lock:  # reserve the value and queue the work that signals it as one step
+            value = dev.timeline_value
+            q = dev.queue().wait(dev.timeline_signal, value - 1)
+            if not wait:
+                q.exec(self, (*bufs, *vals), global_size, local_size)
+                q.signal(dev.timeline_signal, value).submit(dev)
+                dev.timeline_value = value + 1
+                return None
+            # A timed launch keeps the lock until it has read the device's one pair of timing signals, so
+            # another thread's timed launch cannot overwrite them first (a debugging path: it waits anyway).
             start, end = dev.timing_signals()
-            q.timestamp(start)
-        q.exec(self, (*bufs, *vals), global_size, local_size)
-        if wait:
-            q.timestamp(end)
-        q.signal(dev.timeline_signal, value).submit(dev)
-        dev.timeline_value = value + 1
-        if not wait:
-            return None
-        dev.timeline_signal.wait(value, timeout_s, queue=q.name, check=dev.check_fault)
-        return (end.timestamp - start.timestamp) / NS_PER_S
+            q.timestamp(start).exec(self, (*bufs, *vals), global_size, local_size).timestamp(end)
+            q.signal(dev.timeline_signal, value).submit(dev)
+            dev.timeline_value = value + 1
+            dev.timeline_signal.wait(value, timeout_s, queue=q.name, check=dev.check_fault)
+            return (end.timestamp - start.timestamp) / NS_PER_S

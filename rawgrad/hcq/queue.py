@@ -35,6 +35,10 @@ class HWQueue:
     Drivers implement `_wait`, `_signal`, `_timestamp`, `_exec`, `_copy`, `_memory_barrier`, `_bind`
     and `_submit`, encoding through `_emit`. `WORD_BITS` is the driver's word width (64 on the CPU,
     32 for GPU pushbuffers).
+
+    Threads: build a queue on one thread. A driver's `submit` runs under the device's `submit_lock` (a
+    bound queue is patched in place, and the ring is shared); a caller whose queue signals the timeline
+    holds that lock from reading `timeline_value` until the submit (as Program.__call__ does).
     """
 
     WORD_BITS = 64

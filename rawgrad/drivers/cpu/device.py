@@ -8,13 +8,14 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rawgrad import config
 from rawgrad.compiler import elf
+from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.renderer.llvm import LLVMRenderer
 from rawgrad.compiler.toolchain import host_compiler
 from rawgrad.drivers.cpu.hostos import HostOS
@@ -220,6 +221,12 @@ class CPUQueue(HWQueue):
     def busy(self, device: HCQDevice) -> bool:
         return self._block is not None and self._last_run_end > _as_cpu(device)._read_signal.value
 
+    def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
+        # One step under the device's lock: a bound block is patched in place, so two threads submitting
+        # it must not interleave their patches and pushes; and the ring is shared by every queue.
+        with _as_cpu(device).submit_lock:
+            return super().submit(device, var_vals)
+
     def _before_patch(self, device: Any) -> None:
         if self._block is not None and self._last_run_end:
             # The block is patched in place: its previous run must have retired first.
@@ -266,8 +273,9 @@ class CPUDevice(HCQDevice):
         self._read_signal = Signal(None, address=self._native.ctx_addr + CTX.READ_INDEX * WORD_BYTES,
                                    owner=name, name="command ring read index",
                                    keepalive=self._native)
+        # (ring position after a submission, what must stay alive until it retires); guarded, like the ring
+        # itself, by the device's submit_lock
         self._inflight: deque[tuple[int, object]] = deque()
-        self._ring_lock = threading.Lock()  # host threads may submit concurrently; the ring is shared
 
     # ------------------------------------------------------------------ HCQDevice API
     def queue(self) -> CPUQueue:
@@ -288,8 +296,9 @@ class CPUDevice(HCQDevice):
         abandoned), join them and unmap the ring; cached buffers are released too."""
         if self._finalizer.alive:
             self._finalizer.detach()
-            self._native.shutdown(drain_timeout_s)
-            self._inflight.clear()
+            with self.submit_lock:  # no other thread may be writing the ring while the QUIT record goes in
+                self._native.shutdown(drain_timeout_s)
+                self._inflight.clear()
             self.allocator.free_cache()  # no thread runs any more, so nothing can still use them
 
     @property
@@ -314,11 +323,8 @@ class CPUDevice(HCQDevice):
 
     def push(self, records: np.ndarray, cmd_ends: list[int], owner: object) -> int:
         """Copy whole commands into the ring (never over unretired records, never wrapping a command),
-        ring the doorbell, keep `owner` alive until they retire; returns the ring position after them."""
-        with self._ring_lock:
-            return self._push_locked(records, cmd_ends, owner)
-
-    def _push_locked(self, records: np.ndarray, cmd_ends: list[int], owner: object) -> int:
+        ring the doorbell, keep `owner` alive until they retire; returns the ring position after them.
+        The caller holds `submit_lock` (CPUQueue.submit takes it): the ring and its indices are shared."""
         self.check_fault()
         st = self._native
         cap, mask = self.ring_records, self.ring_records - 1
@@ -359,5 +365,9 @@ class CPUDevice(HCQDevice):
 
     def synchronize(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         super().synchronize(timeout_s)
-        self._retire()
+        if self._inflight:
+            # Two threads retiring at once could both pop one entry: the second pop would drop the owner of
+            # work still running (a bound block could be unmapped under it).
+            with self.submit_lock:
+                self._retire()
 

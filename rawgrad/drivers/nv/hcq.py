@@ -21,8 +21,8 @@ vocabulary on top of it:
 
 from __future__ import annotations
 
-import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -276,7 +276,8 @@ class _NVQueue(HWQueue):
         dev = _as_nv(device)
         self._seal(dev)  # the block retires itself: a replay is one GP entry + doorbell, nothing after it
         words = self.words().astype(np.uint32)
-        buf = dev.nv.alloc_vram(max(words.nbytes, DWORD))  # CPU-mapped; page aligned, so QMDs stay aligned
+        with dev.submit_lock:  # the driver's memory bookkeeping is not thread-safe: one caller at a time
+            buf = dev.nv.alloc_vram(max(words.nbytes, DWORD))  # CPU-mapped; page aligned: QMDs stay aligned
         ffi.memmove(ffi.cast("void *", buf.va), words.tobytes(), words.nbytes)
         self._bound_words = ffi.cast("uint32_t *", buf.va)  # a typed pointer: the fastest per-word writes
         self._block, self._bound_channel = buf, self._channel(dev)
@@ -566,12 +567,13 @@ class NVProgram(Program):
         # The file goes to VRAM verbatim (its .text is 128-byte aligned in the file), followed by module
         # data and bank copies, relocated for the address it lands at (cubin.image_layout).
         layout = self.info.layout
-        self.image = device.nv.alloc_vram(round_up(layout.size, PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
-        try:
-            device.copy_in(self.image.va, memoryview(relocate(bytes(lib), layout, self.image.va)))
-        except BaseException:
-            device.nv.free(self.image)
-            raise
+        with device.submit_lock:  # the driver's memory bookkeeping is not thread-safe: one caller at a time
+            self.image = device.nv.alloc_vram(round_up(layout.size, PAGE) + IMAGE_GUARD_BYTES, cpu_map=False)
+            try:
+                device.copy_in(self.image.va, memoryview(relocate(bytes(lib), layout, self.image.va)))
+            except BaseException:
+                device.nv.free(self.image)
+                raise
         self.fn_addr: int = self.image.va + self.info.text_offset
         self.constant_banks = tuple((index, self.image.va + off, size)
                                     for index, off, size in self.info.constant_banks)
@@ -595,14 +597,16 @@ class NVAllocator(Allocator):
         dev = self.device
         dev.reap()
         try:
-            buf = dev.nv.alloc_vram(nbytes, cpu_map=False)
+            with dev.submit_lock:  # the driver's memory bookkeeping is not thread-safe: one caller at a time
+                buf = dev.nv.alloc_vram(nbytes, cpu_map=False)
         except Exception as e:
             if "NO_MEMORY" not in str(e) and not isinstance(e, MemoryError):
                 raise
             dev.synchronize()  # memory waiting for the GPU to finish with it may be enough
             if not dev.reap():
                 raise MemoryError(str(e)) from e
-            buf = dev.nv.alloc_vram(nbytes, cpu_map=False)
+            with dev.submit_lock:
+                buf = dev.nv.alloc_vram(nbytes, cpu_map=False)
         return HCQBuffer(buf.va, nbytes, buf)
 
     def _free(self, buf: HCQBuffer) -> None:
@@ -641,9 +645,9 @@ class NVHCQDevice(HCQDevice):
         # schedule; the bring-up smoke run tries 3 and 0xA too if nothing dispatches)
         self.pcas_action = PCAS_ACTION_PREFETCH_SCHEDULE
         self._copy_program: NVProgram | None = None
-        self.submit_lock = threading.RLock()
-        # buffers waiting for the GPU to finish with them: (ready?, buffer); see reap()
-        self._deferred: list[tuple[Callable[[], bool], NVBuffer]] = []
+        # buffers waiting for the GPU to finish with them: (ready?, buffer); see reap(). A deque: finalizers
+        # on any thread append while reap() pops, and neither operation can lose the other's item.
+        self._deferred: deque[tuple[Callable[[], bool], NVBuffer]] = deque()
         self.nv = NVDevice(os_iface if os_iface is not None else LibcOS(), index=index, **nv_kwargs)
         try:
             sm = self.nv.gr_info["sm_version"]
@@ -666,7 +670,8 @@ class NVHCQDevice(HCQDevice):
 
     # -- HCQDevice API ----------------------------------------------------------------------------------
     def new_signal(self, value: int = 0, name: str | None = None) -> Signal:
-        addr = self.nv.alloc_signal()
+        with self.submit_lock:  # the driver's memory bookkeeping is not thread-safe: one caller at a time
+            addr = self.nv.alloc_signal()
         sig = Signal(value, address=addr, owner=self.name, name=name)
         weakref.finalize(sig, self.nv.free_signal, addr)
         return sig
@@ -739,15 +744,15 @@ class NVHCQDevice(HCQDevice):
         """Release the deferred buffers that are ready; returns how many."""
         if self.closed or self.closing or not self._deferred:
             return 0
-        items, self._deferred = self._deferred, []
-        waiting, freed = [], 0
-        for ready, buf in items:
-            if ready():
-                self.nv.free(buf)
-                freed += 1
-            else:
-                waiting.append((ready, buf))
-        self._deferred.extend(waiting)
+        freed = 0
+        with self.submit_lock:  # one reaper at a time, and no other driver memory call meanwhile
+            for _ in range(len(self._deferred)):  # what was queued so far; later appends wait for next time
+                ready, buf = self._deferred.popleft()
+                if ready():
+                    self.nv.free(buf)
+                    freed += 1
+                else:
+                    self._deferred.append((ready, buf))
         return freed
 
     def launch_dims(self, global_size: Sequence[Value],
