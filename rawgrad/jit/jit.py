@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -676,6 +677,9 @@ class TinyJit(Generic[ReturnT]):
         self.last: CapturedGraph | None = None
         self.replays = 0  # calls served by a captured graph
         self.kernels_replayed = 0  # kernels those replays launched (eager launches count in GlobalCounters)
+        # Calls from several threads take turns: the call count, the captures and a graph's bound queues are
+        # shared. Re-entrant: the function may call itself inside its capture (that runs eagerly).
+        self._lock = threading.RLock()
         if fn is not None:
             functools.update_wrapper(self, fn)
         self.name = getattr(fn, "__qualname__", "loaded graph") if fn is not None else "loaded graph"
@@ -705,6 +709,10 @@ class TinyJit(Generic[ReturnT]):
         self._variants, self.recaptures = {}, 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnT:
+        with self._lock:
+            return self._call_locked(*args, **kwargs)
+
+    def _call_locked(self, *args: Any, **kwargs: Any) -> ReturnT:
         if _realize._captures and self.fn is not None:
             # Called inside another capture: run the Python so the outer capture records these kernels.
             return self._eager(args, kwargs)

@@ -64,7 +64,10 @@ def device_memory(buf: UOp) -> DeviceMemory:
     mem: DeviceMemory | None = buf._cached.get(MEMORY_KEY)
     if mem is None:
         assert buf.dtype is not None
-        mem = buf._cached[MEMORY_KEY] = DeviceMemory(Device[buf.device], buf.arg[1] * buf.dtype.itemsize)
+        fresh = DeviceMemory(Device[buf.device], buf.arg[1] * buf.dtype.itemsize)
+        # setdefault (one atomic dict operation): two threads allocating for the same buffer both get the
+        # first one's memory; the other allocation is freed when `fresh` goes out of scope
+        mem = buf._cached.setdefault(MEMORY_KEY, fresh)
     return mem
 
 

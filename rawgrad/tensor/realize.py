@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,12 +65,41 @@ class ExecItem:
     var_vals: dict[UOp, int]
 
 
-_captures: list[list[ExecItem]] = []
+class _ThreadStack(threading.local):
+    """A stack of which each thread sees its own copy (`items`); list-like for the few operations callers
+    use (append, remove, truth, len, iteration, indexing), so it stands where a module-level list stood."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def append(self, x: Any) -> None:
+        self.items.append(x)
+
+    def remove(self, x: Any) -> None:
+        self.items.remove(x)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
+# The records of the captures open on this thread. Per thread: a capture records the launches its own
+# thread makes, never those another thread makes meanwhile (they would be replayed as its own).
+_captures = _ThreadStack()
 
 
 @contextlib.contextmanager
 def capture_launches() -> Iterator[list[ExecItem]]:
-    """Record every launch (and copy) made inside the block, in order, while still running them."""
+    """Record every launch (and copy) this thread makes inside the block, in order, while still running
+    them."""
     record: list[ExecItem] = []
     _captures.append(record)
     try:
@@ -78,9 +108,10 @@ def capture_launches() -> Iterator[list[ExecItem]]:
         _captures.remove(record)
 
 
-# Names of the functions TinyJit is capturing now. A host read of device data inside one would bake the
-# value read into the capture (a replay runs no Python), so Tensor.numpy() asks `check_readback` first.
-readback_guards: list[str] = []
+# Names of the functions TinyJit is capturing now on this thread. A host read of device data inside one
+# would bake the value read into the capture (a replay runs no Python), so Tensor.numpy() asks
+# `check_readback` first; another thread reading its own data meanwhile is not inside the capture.
+readback_guards = _ThreadStack()
 
 
 def check_readback(what: str) -> None:
@@ -93,6 +124,10 @@ def check_readback(what: str) -> None:
 
 _kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
 _name_counts: dict[str, int] = {}
+# Held while a kernel missing from the cache is compiled and loaded, so two threads that miss on the same
+# kernel build it once and symbol names stay unique; a hit never takes it. Re-entrant: loading a program
+# may compile a helper kernel of the driver's. Taken before a device's lock, never under one.
+_compile_lock = threading.RLock()
 
 
 def _symbol_name(name: str) -> str:
@@ -109,6 +144,15 @@ def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
     dev = Device[device]
     if hit is not None and hit.program.device is dev:  # not a program of a closed, reopened device
         return hit
+    with _compile_lock:
+        hit = _kernel_cache.get(key)
+        if hit is not None and hit.program.device is dev:  # another thread built it while this one waited
+            return hit
+        return _build_kernel(ast, dev, device, name)
+
+
+def _build_kernel(ast: UOp, dev: Any, device: str, name: str) -> CompiledKernel:
+    key = (ast, device)
     if dev.renderer is None:
         raise RuntimeError(f"device {device} has no renderer: it cannot run kernels")
     linear = dev.renderer.lower(ast, _symbol_name(name))
@@ -126,11 +170,12 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
     debug = config.DEBUG()
     profile = config.PROFILE()
+    captures = _captures.items  # this thread's open captures (looked up once, not per kernel)
     for si in items:
         if si.ast is None:
             dst, src = si.bufs
             buffer_write(dst, buffer_numpy(src))
-            for rec in _captures:
+            for rec in captures:
                 rec.append(ExecItem(None, list(si.bufs), dict(si.var_vals)))
             continue
         if si.bufs[0].arg[1] == 0:
@@ -141,7 +186,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         st = time.perf_counter()
         elapsed = ck.launch([m.hcq_buffer for m in mems], si.var_vals, wait=debug >= 2, profile=profile)
         GlobalCounters.kernel_count += 1
-        for rec in _captures:
+        for rec in captures:
             rec.append(ExecItem(ck, list(si.bufs), dict(si.var_vals)))
         if debug >= 2:
             GlobalCounters.kernel_time_s += elapsed or 0.0
