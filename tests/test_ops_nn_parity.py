@@ -220,7 +220,7 @@ INTERP = [  # (input shape, size or None, scale_factor or None, mode, align_corn
 ]
 
 
-@pytest.mark.parametrize("case", pick(INTERP, 4), ids=lambda c: f"{c[3]}-{len(c[0])}d")
+@pytest.mark.parametrize("case", pick(INTERP, 6), ids=lambda c: f"{c[3]}-{len(c[0])}d")
 def test_interpolate(g, case):
     shape, size, sf, mode, align = case
     nd = len(shape) - 2
@@ -322,7 +322,7 @@ MAXPOOL = [  # (shape, kernel, stride, dilation, padding, ceil_mode)
 ]
 
 
-@pytest.mark.parametrize("case", pick(MAXPOOL, 3), ids=lambda c: f"{len(c[1])}d")
+@pytest.mark.parametrize("case", pick(MAXPOOL, 5), ids=lambda c: f"{len(c[1])}d")
 def test_max_pool_values_indices_gradients(g, case):
     shape, k, st, dl, pad, ceil = case
     n = len(k)
@@ -361,7 +361,7 @@ AVGPOOL = [  # (shape, kernel, stride, padding, ceil_mode, count_include_pad, di
 ]
 
 
-@pytest.mark.parametrize("case", pick(AVGPOOL, 3), ids=lambda c: f"{len(c[1])}d-ceil{c[4]}-pad{c[5]}")
+@pytest.mark.parametrize("case", pick(AVGPOOL, 6), ids=lambda c: f"{len(c[1])}d-ceil{c[4]}-pad{c[5]}")
 def test_avg_pool(g, case):
     shape, k, st, pad, ceil, incl, div = case
     n = len(k)
@@ -397,7 +397,7 @@ UNPOOL = [  # (shape, kernel, stride, padding, output_size)
 ]
 
 
-@pytest.mark.parametrize("case", pick(UNPOOL, 2), ids=lambda c: f"{len(c[0]) - 2}d")
+@pytest.mark.parametrize("case", pick(UNPOOL, 5), ids=lambda c: f"{len(c[0]) - 2}d")
 def test_max_unpool(g, case):
     shape, k, st, pad, osize = case
     n = len(shape) - 2
@@ -462,7 +462,7 @@ CONVT = [  # (x shape, w shape, stride, padding, output_padding, groups, dilatio
 ]
 
 
-@pytest.mark.parametrize("case", pick(CONVT, 3), ids=lambda c: f"{len(c[0]) - 2}d")
+@pytest.mark.parametrize("case", pick(CONVT, 5), ids=lambda c: f"{len(c[0]) - 2}d")
 def test_conv_transpose(g, case):
     xs, ws, st, pad, op, groups, dl = case
     nd = len(xs) - 2
@@ -508,7 +508,7 @@ PADS = [
 ]
 
 
-@pytest.mark.parametrize("case", pick(PADS, 4), ids=lambda c: f"{c[2]}-{c[1]}")
+@pytest.mark.parametrize("case", pick(PADS, 8), ids=lambda c: f"{c[2]}-{c[1]}")
 def test_pad_modes_negative(g, case):
     shape, flat, mode = case
     x = g.normal(size=shape)
@@ -591,7 +591,7 @@ LOSSES = [  # (logits shape, reduction, label_smoothing, weighted, ignore a targ
 ]
 
 
-@pytest.mark.parametrize("case", pick(LOSSES, 2), ids=lambda c: f"{len(c[0])}d-{c[1]}-ls{c[2]}-w{c[3]}")
+@pytest.mark.parametrize("case", pick(LOSSES, 3), ids=lambda c: f"{len(c[0])}d-{c[1]}-ls{c[2]}-w{c[3]}")
 def test_cross_entropy_and_nll(g, case):
     shape, red, ls, weighted, ignore = case
     x = g.normal(size=shape)
