@@ -69,3 +69,16 @@ def test_tinygrad_style_backward_without_requires_grad() -> None:
     (x @ w).sum().backward()
     np.testing.assert_array_equal(w.grad.numpy(), [[1, 1], [-1, -1]])
     assert dtypes.int32.max == 2 ** 31 - 1 and dtypes.uint8.min == 0
+
+
+def test_where_with_only_a_condition_gives_coordinates_like_torch() -> None:
+    cond = np.array([[True, False, True], [False, True, False]])
+    got = Tensor(cond).where()
+    for g, w in zip(got, np.where(cond)):
+        np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_elu_gradient_is_finite_for_large_inputs() -> None:
+    x = Tensor([100.0, 0.5, -1.0], requires_grad=True)
+    x.elu().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0, np.exp(-1.0)], rtol=1e-6)

@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 import numpy as np
 
@@ -243,6 +243,7 @@ def _check_int_fits(v: Any, dt: DType) -> None:
         raise OverflowError(f"Python integer {v} is out of range for {dt} ({dt.min}..{dt.max})")
 
 
+_NO_ARG: Any = object()  # "argument not given", where None is a meaningful value
 REPR_MAX_ELEMENTS = 1000  # print abbreviates past this many elements (torch's default threshold)
 REPR_EDGE_ITEMS = 3  # elements shown at each end of an abbreviated axis (torch's default)
 
@@ -1196,8 +1197,19 @@ class Tensor(MathOps, NNOps):
     def logical_xor(self, x: Any) -> Tensor:
         return self.bool()._binary(Ops.XOR, self._as_tensor(x).bool())
 
-    def where(self: Tensor, x: Any, y: Any) -> Tensor:
-        """`cond.where(x, y)` (also `Tensor.where(cond, x, y)`): x where cond is true, else y."""
+    @overload
+    def where(self: Tensor, x: Any, y: Any) -> Tensor: ...
+
+    @overload
+    def where(self: Tensor) -> tuple[Tensor, ...]: ...
+
+    def where(self: Tensor, x: Any = _NO_ARG, y: Any = _NO_ARG) -> Any:
+        """`cond.where(x, y)` (also `Tensor.where(cond, x, y)`): x where cond is true, else y. With no x and
+        y it is torch.where(cond): the coordinates of the true elements (nonzero(as_tuple=True))."""
+        if x is _NO_ARG and y is _NO_ARG:
+            return self.nonzero(as_tuple=True)
+        if x is _NO_ARG or y is _NO_ARG:
+            raise ArgumentError("where(cond, x, y) needs both x and y (or neither, for the coordinates)")
         cond = self.bool()
         if isinstance(x, Tensor) or isinstance(y, Tensor) or not _is_scalar(x) or not _is_scalar(y):
             if not isinstance(x, Tensor) and not _is_scalar(x):
@@ -1345,7 +1357,8 @@ class Tensor(MathOps, NNOps):
         return (self < 0).where(self * neg_slope, self)
 
     def elu(self, alpha: float = 1.0) -> Tensor:
-        return self._float_fn(lambda x: (x > 0).where(x, (x.exp() - 1) * alpha))
+        # the exp branch gets min(x, 0): unused for x > 0, it would overflow there and make the gradient NaN
+        return self._float_fn(lambda x: (x > 0).where(x, (x.minimum(0).exp() - 1) * alpha))
 
     def sigmoid(self) -> Tensor:
         """1 / (1 + e^-x) computed from e^-|x| <= 1, so neither the value nor the gradient overflows for
