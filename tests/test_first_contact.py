@@ -82,3 +82,29 @@ def test_elu_gradient_is_finite_for_large_inputs() -> None:
     x = Tensor([100.0, 0.5, -1.0], requires_grad=True)
     x.elu().sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0, np.exp(-1.0)], rtol=1e-6)
+
+
+def test_a_torch_style_sequential_cnn_trains() -> None:
+    rng = np.random.default_rng(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(4 * 4 * 4, 3), nn.LogSoftmax(dim=1))
+    x = Tensor(rng.standard_normal((8, 1, 8, 8)).astype(np.float32))
+    y = Tensor(rng.integers(0, 3, 8).astype(np.int32))
+    opt = nn.optim.Adam(list(model.parameters()), lr=0.01)
+    losses = []
+    model.train()
+    for _ in range(10):
+        opt.zero_grad()
+        loss = model(x).nll_loss(y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    for layer, want in [(nn.GELU(), None), (nn.SiLU(), None), (nn.Tanh(), np.tanh), (nn.Sigmoid(), None),
+                        (nn.Identity(), lambda a: a),
+                        (nn.LeakyReLU(0.1), lambda a: np.where(a > 0, a, 0.1 * a)),
+                        (nn.Softmax(dim=-1), None), (nn.AvgPool2d(2), None)]:
+        out = layer(x)
+        if want is not None:
+            np.testing.assert_allclose(out.numpy(), want(x.numpy()), rtol=1e-5, atol=1e-6)
+        assert out.shape[0] == 8

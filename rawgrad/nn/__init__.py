@@ -11,6 +11,8 @@ from rawgrad.nn.functional import (
     sparse_categorical_crossentropy,
 )
 from rawgrad.nn.layers import (
+    GELU,
+    AvgPool2d,
     BatchNorm,
     BatchNorm1d,
     BatchNorm2d,
@@ -18,11 +20,21 @@ from rawgrad.nn.layers import (
     ConvTranspose2d,
     Dropout,
     Embedding,
+    Flatten,
     GroupNorm,
+    Identity,
     LayerNorm,
+    LeakyReLU,
     Linear,
+    LogSoftmax,
+    MaxPool2d,
+    ReLU,
     RMSNorm,
     Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
 )
 from rawgrad.nn.module import Module
 from rawgrad.tensor.autograd import enable_grad, no_grad
@@ -30,4 +42,6 @@ from rawgrad.tensor.autograd import enable_grad, no_grad
 __all__ = ["optim", "state", "binary_cross_entropy", "binary_cross_entropy_with_logits", "conv_transpose2d",
            "cross_entropy", "l1_loss", "mse_loss", "nll_loss", "sparse_categorical_crossentropy",
            "BatchNorm", "BatchNorm1d", "BatchNorm2d", "Conv2d", "ConvTranspose2d", "Dropout", "Embedding",
-           "GroupNorm", "LayerNorm", "Linear", "Module", "RMSNorm", "Sequential", "enable_grad", "no_grad"]
+           "GroupNorm", "LayerNorm", "Linear", "Module", "RMSNorm", "Sequential", "enable_grad", "no_grad",
+           "AvgPool2d", "Flatten", "GELU", "Identity", "LeakyReLU", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU",
+           "Sigmoid", "Softmax", "Tanh"]

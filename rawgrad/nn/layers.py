@@ -253,3 +253,105 @@ class Sequential(Module):
 
     def __len__(self) -> int:
         return len(self.layers)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stateless layers: torch's module names for the Tensor methods, so
+# `nn.Sequential(nn.Linear(4, 8), nn.ReLU())` reads as in torch. `inplace` is accepted and ignored
+# (rawgrad tensors are values, never updated in place).
+class ReLU(Module):
+    def __init__(self, inplace: bool = False):
+        pass
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.relu()
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
+        self.negative_slope = negative_slope
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.leaky_relu(self.negative_slope)
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none"):
+        self.approximate = approximate
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.gelu(self.approximate)
+
+
+class _Elementwise(Module):
+    """A layer that applies one Tensor method (named by the subclass) to its input."""
+
+    method = ""
+
+    def __init__(self, inplace: bool = False):
+        pass
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return getattr(x, self.method)()
+
+
+class SiLU(_Elementwise):
+    method = "silu"
+
+
+class Sigmoid(_Elementwise):
+    method = "sigmoid"
+
+
+class Tanh(_Elementwise):
+    method = "tanh"
+
+
+class Identity(Module):
+    def __init__(self, *args: Any, **kwargs: Any):
+        pass
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x
+
+
+class Softmax(Module):
+    def __init__(self, dim: int = -1):
+        self.dim = dim
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.softmax(self.dim)
+
+
+class LogSoftmax(Softmax):
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.log_softmax(self.dim)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size: IntOrPair, stride: IntOrPair | None = None, padding: IntOrPair = 0,
+                 dilation: IntOrPair = 1, ceil_mode: bool = False):
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.ceil_mode = dilation, ceil_mode
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.max_pool2d(self.kernel_size, self.stride, self.dilation, self.padding, self.ceil_mode)
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size: IntOrPair, stride: IntOrPair | None = None, padding: IntOrPair = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True):
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.avg_pool2d(self.kernel_size, self.stride, 1, self.padding, self.ceil_mode,
+                            self.count_include_pad)
