@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 import weakref
 from collections.abc import Callable
 from enum import Enum, auto
@@ -142,6 +143,7 @@ def _arg_key(arg: Any) -> Any:
 
 class _UOpMeta(type):
     _cache: weakref.WeakValueDictionary[Any, UOp] = weakref.WeakValueDictionary()
+    _lock = threading.Lock()
 
     def __call__(cls, op: Ops, dtype: DType | None = None,
                  src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
@@ -149,9 +151,15 @@ class _UOpMeta(type):
         hit = _UOpMeta._cache.get(key)
         if hit is not None:
             return hit
-        node = super().__call__(op, dtype, src, arg)
-        _UOpMeta._cache[key] = node
-        return node
+        # a miss is decided again under the lock: two threads building the same node must get one object
+        # (graphs are compared and memoized by identity), and the fast path above stays lock-free
+        with _UOpMeta._lock:
+            hit = _UOpMeta._cache.get(key)
+            if hit is not None:
+                return hit
+            node = super().__call__(op, dtype, src, arg)
+            _UOpMeta._cache[key] = node
+            return node
 
 
 class UOp(metaclass=_UOpMeta):
