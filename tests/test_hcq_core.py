@@ -236,3 +236,19 @@ def test_registry_default(monkeypatch):
 def test_registry_instance_is_shared():
     dev = Device["cpu"]
     assert dev is Device["CPU"] and dev.name == "CPU"
+
+
+def test_a_tensor_of_a_closed_device_raises_instead_of_crashing() -> None:
+    # NV used to segfault here (its signal memory is unmapped by close); every device must raise the same way
+    import numpy as np
+
+    from rawgrad import Tensor
+    from rawgrad.hcq import Device, DeviceClosedError
+    from rawgrad.tensor.tensor import DEFAULT_DEVICE
+    t = (Tensor(np.arange(4, dtype=np.float32)) * 2).realize()
+    Device.close(DEFAULT_DEVICE)
+    with pytest.raises(DeviceClosedError, match=r"was closed \(Device.close"):
+        t.numpy()
+    with pytest.raises(DeviceClosedError):
+        (t + 1).numpy()
+    np.testing.assert_array_equal((Tensor(np.arange(4, dtype=np.float32)) * 3).numpy(), [0, 3, 6, 9])

@@ -10,6 +10,7 @@ from typing import Any
 from rawgrad import config
 from rawgrad.compiler.renderer import Renderer
 from rawgrad.hcq.allocator import Allocator
+from rawgrad.hcq.errors import DeviceClosedError
 from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import HWQueue
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
@@ -48,6 +49,15 @@ class HCQDevice:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
+    # True once close() ran: nothing of this instance may be touched any more (drivers set or override it)
+    closed: bool = False
+
+    def check_open(self) -> None:
+        """Raise DeviceClosedError if this instance was closed (before any access to its memory, which
+        would be unmapped: reading it would crash the process, not raise)."""
+        if self.closed:
+            raise DeviceClosedError(self.name)
+
     def new_signal(self, value: int = 0, name: str | None = None) -> Signal:
         """A signal this device's queues can wait on and write (host memory by default)."""
         return Signal(value, owner=self.name, name=name)
@@ -80,6 +90,7 @@ class HCQDevice:
 
     def synchronize(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Wait until every piece of work submitted on the timeline has finished."""
+        self.check_open()
         self.timeline_signal.wait(self.timeline_value - 1, timeout_s, queue="synchronize",
                                   check=self.check_fault)
         self.check_fault()

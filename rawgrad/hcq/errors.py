@@ -1,7 +1,7 @@
 """Errors raised by the HCQ core and its drivers."""
 from __future__ import annotations
 
-__all__ = ["DeviceFault", "DeviceTimeout", "HCQError", "OutOfVirtualMemory"]
+__all__ = ["DeviceClosedError", "DeviceFault", "DeviceTimeout", "HCQError", "OutOfVirtualMemory"]
 
 
 class HCQError(Exception):
@@ -22,6 +22,17 @@ class DeviceTimeout(HCQError, TimeoutError):
 
 class DeviceFault(HCQError):
     """The device reported an error while running commands (bad record, bad launch, ...)."""
+
+
+class DeviceClosedError(DeviceFault):
+    """Memory or work of a device instance that was closed (`Device.close(name)`): its mappings are gone,
+    so the data of tensors made on it before the close cannot be read or used."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__(f"{device} was closed (Device.close({device!r})); tensors made on it before the "
+                         f"close no longer have their data: make them again (a new {device} opens on next "
+                         f"use)")
+        self.device = device
 
 
 class OutOfVirtualMemory(HCQError, MemoryError):

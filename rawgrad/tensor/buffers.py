@@ -68,6 +68,7 @@ def device_memory(buf: UOp) -> DeviceMemory:
         # setdefault (one atomic dict operation): two threads allocating for the same buffer both get the
         # first one's memory; the other allocation is freed when `fresh` goes out of scope
         mem = buf._cached.setdefault(MEMORY_KEY, fresh)
+    mem.device.check_open()  # a buffer of a closed device instance: its memory is unmapped
     return mem
 
 

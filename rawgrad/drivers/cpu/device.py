@@ -134,7 +134,7 @@ class CPUAllocator(Allocator):
 
     def _free(self, buf: HCQBuffer) -> None:
         # Queued kernels may still use the memory; unmapping it under them would crash the process.
-        if not self.device.closed:
+        if self.device._finalizer.alive:  # closed or finalized: no worker runs any more
             self.device.synchronize()
         self.device.os.munmap(buf.va_addr, buf.size)
 
@@ -295,15 +295,13 @@ class CPUDevice(HCQDevice):
         """Stop the workers (a QUIT record; queued work gets `drain_timeout_s` to finish before it is
         abandoned), join them and unmap the ring; cached buffers are released too."""
         if self._finalizer.alive:
+            self.closed = True
             self._finalizer.detach()
             with self.submit_lock:  # no other thread may be writing the ring while the QUIT record goes in
                 self._native.shutdown(drain_timeout_s)
                 self._inflight.clear()
             self.allocator.free_cache()  # no thread runs any more, so nothing can still use them
 
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
 
     # ------------------------------------------------------------------ ring
     @property
