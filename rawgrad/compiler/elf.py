@@ -33,6 +33,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rawgrad import mappings
+
 __all__ = ["ElfError", "ElfFile", "ElfReloc", "ElfSection", "ElfSymbol", "LinkedImage", "LoadedImage",
            "link", "load"]
 
@@ -872,6 +874,8 @@ def _libc() -> _Libc:
 
 
 def _unmap(addr: int, size: int) -> None:
+    if mappings.pinned():  # an abandoned worker may still run this code (rawgrad/mappings.py)
+        return
     _libc().unmap(addr, size)
 
 

@@ -5,7 +5,6 @@ import bisect
 import os
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -13,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from rawgrad import config
+from rawgrad import config, mappings
 from rawgrad.compiler import elf
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.renderer.llvm import LLVMRenderer
@@ -111,8 +110,10 @@ class _NativeState:
                 stuck = self._join(stuck, FORCE_STOP_TIMEOUT_S)
             self.threads = []
             if stuck:
-                warnings.warn(f"{self.name}: {len(stuck)} worker thread(s) did not stop (a kernel that never "
-                              f"returns?); leaking the command ring and control block", stacklevel=2)
+                # the stuck worker still runs a kernel image and touches buffers: keep every mapping
+                mappings.pin_all(f"{self.name}: {len(stuck)} worker thread(s) did not stop within "
+                                 f"{drain_timeout_s + FORCE_STOP_TIMEOUT_S:g} s (a kernel still running "
+                                 f"after its wait timed out, or one that never returns)")
                 return
         if self.ring_addr:
             self.os.munmap(self.ring_addr, self.ring_records * RECORD_BYTES)

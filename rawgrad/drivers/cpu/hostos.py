@@ -9,6 +9,8 @@ import os
 
 import cffi
 
+from rawgrad import mappings
+
 __all__ = ["HostOS"]
 
 _CDEF = """
@@ -58,6 +60,8 @@ class HostOS:
         return addr
 
     def munmap(self, addr: int, nbytes: int) -> None:
+        if mappings.pinned():  # an abandoned worker may still use this memory (rawgrad/mappings.py)
+            return
         size = self.page_round(nbytes)
         if self.libc.munmap(self.ffi.cast("void *", addr), size) != 0:
             err = self.ffi.errno
