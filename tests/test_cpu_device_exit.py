@@ -35,13 +35,15 @@ except DeviceTimeout:
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     Device["CPU"].close(drain_timeout_s=0.2)
-print("pinned" if any("no kernel image or buffer is unmapped" in str(w.message) for w in caught) else "not pinned")
+pinned = any("no kernel image or buffer is unmapped" in str(w.message) for w in caught)
+print("pinned" if pinned else "not pinned")
 """
 
 
 def test_exit_with_a_kernel_still_running_is_clean() -> None:
     # the worker is abandoned inside its kernel; unmapping the image or buffers under it crashed the
     # process at exit (SIGSEGV) before mappings were pinned
-    proc = subprocess.run([sys.executable, "-c", ABANDONED_KERNEL], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", ABANDONED_KERNEL], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.strip() == "pinned", proc.stdout
