@@ -8,10 +8,14 @@ from rawgrad.tensor.tensor import Tensor
 
 def test_inline_exp2_is_within_two_ulp_over_the_float32_range():
     x = np.linspace(-125, 127.9, 50001).astype(np.float32)
-    out = Tensor(x).exp2().numpy()
+    t = Tensor(x)
+    out = t.exp2().numpy()
     ref = np.exp2(x.astype(np.float64))
     rel = np.abs(out.astype(np.float64) - ref) / ref
-    assert rel.max() < 2 * np.finfo(np.float32).eps
+    # the CPU's inline exp2 is within 2 ulp; a GPU's ex2.approx.f32 is 2 ulp from the correctly rounded
+    # result (PTX ISA 9.7.3.21), so 2.5 ulp from the exact value (the mock applies that bound in full)
+    ulps = 2.5 if t.device.startswith("NV") else 2.0
+    assert rel.max() < ulps * np.finfo(np.float32).eps
 
 
 def test_inline_exp2_special_values():
