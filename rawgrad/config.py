@@ -30,6 +30,12 @@ def DEV() -> str | None:  # noqa: N802
     return os.environ.get("DEV") or None
 
 
+def MAX_LOADED_KERNELS() -> int:  # noqa: N802
+    """How many compiled kernels stay loaded for eager reuse (RAWGRAD_MAX_LOADED_KERNELS, default 4096); the
+    least recently used beyond it are unloaded once nothing (a TinyJit capture, a graph) still holds them."""
+    return max(1, getenv_int("RAWGRAD_MAX_LOADED_KERNELS", 4096))
+
+
 def CACHE_DIR() -> str:  # noqa: N802
     """Where compiled kernels are cached (RAWGRAD_CACHE_DIR; empty disables the disk cache)."""
     return os.environ.get("RAWGRAD_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "rawgrad"))

@@ -9,6 +9,7 @@ import contextlib
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -122,7 +123,13 @@ def check_readback(what: str) -> None:
                            f"the tensor from the function and read it outside")
 
 
-_kernel_cache: dict[tuple[UOp, str], CompiledKernel] = {}
+# Loaded kernels by (ast, device), least recently used first. Past config.MAX_LOADED_KERNELS the oldest
+# are dropped (see _evict), so a process that keeps making new shapes does not grow without bound (each
+# loaded CPU kernel is ~95 KB and 2 mappings; the kernel mapping limit is ~65k).
+_kernel_cache: OrderedDict[tuple[UOp, str], CompiledKernel] = OrderedDict()
+# Kernels dropped by the last eviction: kept referenced until the next one, which first waits for their
+# devices, so a launch submitted just before a drop never runs from an unmapped image.
+_evicted: list[CompiledKernel] = []
 _name_counts: dict[str, int] = {}
 # Held while a kernel missing from the cache is compiled and loaded, so two threads that miss on the same
 # kernel build it once and symbol names stay unique; a hit never takes it. Re-entrant: loading a program
@@ -143,6 +150,8 @@ def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
     hit = _kernel_cache.get(key)
     dev = Device[device]
     if hit is not None and hit.program.device is dev:  # not a program of a closed, reopened device
+        with contextlib.suppress(KeyError):  # another thread may have evicted it meanwhile
+            _kernel_cache.move_to_end(key)
         return hit
     with _compile_lock:
         hit = _kernel_cache.get(key)
@@ -163,7 +172,22 @@ def _build_kernel(ast: UOp, dev: Any, device: str, name: str) -> CompiledKernel:
     GlobalCounters.kernels_compiled += 1
     ck = CompiledKernel(linear.name, dev.program(linear.name, lib), linear, src)
     _kernel_cache[key] = ck
+    if len(_kernel_cache) > config.MAX_LOADED_KERNELS():
+        _evict(len(_kernel_cache) - config.MAX_LOADED_KERNELS())
     return ck
+
+
+def _evict(n: int) -> None:
+    """Drop the `n` least recently used kernels (under _compile_lock). Each is unloaded when the last
+    reference goes: a capture or graph that holds it keeps it loaded. Devices are synchronized first, so
+    the kernels dropped by the previous eviction have finished every launch before they are released."""
+    global _evicted
+    devices = {id(ck.program.device): ck.program.device for ck in _evicted}
+    dropped = [_kernel_cache.popitem(last=False)[1] for _ in range(n)]
+    for dev in devices.values():
+        if not getattr(dev, "closed", False):
+            dev.synchronize()
+    _evicted = dropped
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
