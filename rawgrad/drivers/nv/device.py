@@ -13,6 +13,7 @@ from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, poll_until, read_
 from rawgrad.drivers.nv.memory import MemoryKind, NVBuffer, VARangeAllocator, round_up
 from rawgrad.drivers.nv.rm import UVM, NVError, RMClient, read_card_info, register_fd
 from rawgrad.drivers.osapi import OSInterface
+from rawgrad.hcq.errors import DeviceTimeout
 
 CTL_PATH = "/dev/nvidiactl"
 UVM_PATH = "/dev/nvidia-uvm"
@@ -597,10 +598,11 @@ class NVDevice:
 
     def wait_signal(self, addr: int, value: int, timeout_s: float | None = None) -> None:
         """Wait until the u64 at ``addr`` >= ``value``; DeviceTimeout names device, signal and values."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         poll_until(
             lambda: read_u64(addr) >= value,
-            self.timeout_s if timeout_s is None else timeout_s,
-            lambda: f"{self.name}: signal {addr:#x} stayed at {read_u64(addr)} (< {value})",
+            timeout,
+            lambda: DeviceTimeout(self.name, "host", f"signal {addr:#x}", value, read_u64(addr), timeout),
             self.check_errors,
         )
 

@@ -11,6 +11,7 @@ import cffi
 
 from rawgrad.drivers.nv import pushbuf as pbuf
 from rawgrad.drivers.osapi import OSInterface
+from rawgrad.hcq.errors import DeviceTimeout
 
 _ffi = cffi.FFI()
 
@@ -19,10 +20,6 @@ MAX_SLEEP_S = 0.001  # longest sleep between polls
 # NvNotification (the channel error notifier): info32 at +8, status (u16) at +14.
 NOTIFIER_INFO32_OFFSET = 8
 NOTIFIER_STATUS_OFFSET = 14
-
-
-class DeviceTimeout(TimeoutError):
-    """A wait ran past its deadline; names the device, queue, signal and values."""
 
 
 class NVChannelError(RuntimeError):
@@ -54,10 +51,10 @@ def _as_pb(words: list[int]) -> pbuf.PushBuffer:
 def poll_until(
     ready: Callable[[], bool],
     timeout_s: float,
-    describe: Callable[[], str],
+    timed_out: Callable[[], DeviceTimeout],
     check: Callable[[], None] | None = None,
 ) -> None:
-    """Spin briefly, then sleep with backoff until ``ready()``; raise DeviceTimeout at the deadline."""
+    """Spin briefly, then sleep with backoff until ``ready()``; raise ``timed_out()`` at the deadline."""
     deadline = time.monotonic() + timeout_s
     sleep, i = 0.00005, 0
     while not ready():
@@ -66,7 +63,7 @@ def poll_until(
         i += 1
         if i > SPIN_ITERATIONS:
             if time.monotonic() > deadline:
-                raise DeviceTimeout(describe())
+                raise timed_out()
             time.sleep(sleep)
             sleep = min(sleep * 2, MAX_SLEEP_S)
 
@@ -138,15 +135,28 @@ class Channel:
                 f"info32 (Xid-style code) {info32}"
             )
 
-    def _describe(self, what: str, want: str) -> Callable[[], str]:
-        return lambda: (
-            f"{self.device_name} {self.name} queue timed out waiting for {what}: {want}; "
+    def _timed_out(self, queue: str | None, what: str, expected: int, current: Callable[[], int],
+                   timeout_s: float) -> Callable[[], DeviceTimeout]:
+        """The DeviceTimeout of a wait on this channel for ``what`` >= ``expected``, naming the queue."""
+        who = f"{queue} on the {self.name} channel" if queue else f"{self.name} channel"
+        return lambda: DeviceTimeout(
+            self.device_name, who, what, expected, current(), timeout_s,
             f"GPGet={self.gp_get()} GPPut={self.put} retired={self.retired()} "
-            f"(last submitted {self.retire_value})"
+            f"(last submitted {self.retire_value})",
         )
 
+    def wait_retired(self, value: int, timeout_s: float | None = None, queue: str | None = None) -> None:
+        """Wait until the channel's retirement counter reaches ``value`` (DeviceTimeout naming ``queue``
+        after the timeout; NVChannelError as soon as the channel reports a fault)."""
+        if self.retired() >= value:
+            return
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        poll_until(lambda: self.retired() >= value, timeout,
+                   self._timed_out(queue, f"{self.name} retirement counter", value, self.retired, timeout),
+                   self.check_error)
+
     # -- submission ------------------------------------------------------------------------------
-    def _reserve_pb(self, nbytes: int, align: int = 4) -> int:
+    def _reserve_pb(self, nbytes: int, align: int = 4, queue: str | None = None) -> int:
         if nbytes > self.pb_bytes:
             raise ValueError(
                 f"{self.name}: submission of {nbytes} bytes exceeds the {self.pb_bytes}-byte pushbuffer"
@@ -154,30 +164,31 @@ class Channel:
         head = (self.pb_head + align - 1) // align * align
         start = head if head + nbytes <= self.pb_bytes else 0
 
-        def free() -> bool:
+        def overlapping() -> list[_InFlight]:
             done = self.retired()
             while self.inflight and self.inflight[0].retire_value <= done:
                 self.inflight.popleft()
-            return not any(f.start < start + nbytes and start < f.end for f in self.inflight)
+            return [f for f in self.inflight if f.start < start + nbytes and start < f.end]
 
-        poll_until(
-            free,
-            self.timeout_s,
-            self._describe("pushbuffer space", f"{nbytes} bytes at +{start:#x}"),
-            self.check_error,
-        )
+        if overlapping():
+            # the space is free once the last submission overlapping it has retired
+            want = max(f.retire_value for f in overlapping())
+            what = f"{self.name} retirement counter (pushbuffer space: {nbytes} bytes at +{start:#x})"
+            poll_until(lambda: not overlapping(), self.timeout_s,
+                       self._timed_out(queue, what, want, self.retired, self.timeout_s), self.check_error)
         return start
 
     def _gp_slots_free(self, count: int) -> bool:
         return (self._gp_get[0] - self.put - 1) & self._entry_mask >= count
 
-    def _wait_gp_slots(self, count: int = 1) -> None:
+    def _wait_gp_slots(self, count: int = 1, queue: str | None = None) -> None:
         if self._gp_slots_free(count):  # the usual case, checked before building the poll's closures
             return
         poll_until(
             lambda: self._gp_slots_free(count),
             self.timeout_s,
-            self._describe("a free GPFIFO entry", f"{count} free after GPPut {self.put}"),
+            self._timed_out(queue, f"free GPFIFO entry count after GPPut {self.put}", count,
+                            lambda: (self._gp_get[0] - self.put - 1) & self._entry_mask, self.timeout_s),
             self.check_error,
         )
 
@@ -195,15 +206,16 @@ class Channel:
         start = self.reserve(4 * len(words))
         return self.commit(start, _as_pb(words).to_bytes(), len(words))
 
-    def reserve(self, nbytes: int, align: int = 4) -> int:
-        """Reserve ``nbytes`` of ring space at an ``align``-aligned offset.
+    def reserve(self, nbytes: int, align: int = 4, queue: str | None = None) -> int:
+        """Reserve ``nbytes`` of ring space at an ``align``-aligned offset (for the queue named ``queue``,
+        which a DeviceTimeout names).
 
         The caller must ``commit`` it before any other submission on this channel. Both waits happen before
         any state changes, so a timeout leaves the channel consistent.
         """
         self.check_error()
-        self._wait_gp_slots(1)
-        return self._reserve_pb(nbytes, align)
+        self._wait_gp_slots(1, queue)
+        return self._reserve_pb(nbytes, align, queue)
 
     def commit(self, start: int, blob: bytes, fetch_dwords: int) -> int:
         """Write ``blob`` at ring offset ``start`` (from ``reserve``) and run its first ``fetch_dwords``
@@ -243,10 +255,5 @@ class Channel:
         self.submissions += 1
 
     def wait_idle(self, timeout_s: float | None = None) -> None:
-        want = self.retire_value
-        poll_until(
-            lambda: self.retired() >= want,
-            self.timeout_s if timeout_s is None else timeout_s,
-            self._describe("idle", f"retired >= {want}"),
-            self.check_error,
-        )
+        """Wait until everything submitted so far has retired."""
+        self.wait_retired(self.retire_value, timeout_s)

@@ -33,7 +33,7 @@ from rawgrad.compiler.ir import Ops, UOp, Variable
 from rawgrad.drivers.nv import pushbuf as pbuf
 from rawgrad.drivers.nv.cubin import NVCompiler, ProgramInfo, program_info, relocate
 from rawgrad.drivers.nv.device import GPU_VA_LIMIT, NVDevice
-from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, poll_until
+from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError
 from rawgrad.drivers.nv.memory import NVBuffer, round_up
 from rawgrad.drivers.nv.qmd import QMD, qmd_for_class, sym_bits
 from rawgrad.drivers.osapi import LibcOS, OSInterface
@@ -305,11 +305,9 @@ class _NVQueue(HWQueue):
         self._replace_patches(patches, last)
 
     def _before_patch(self, device: Any) -> None:
-        ch, want = self._bound_channel, self._retire[0]
-        # The block is rewritten in place: its previous run must have retired.
-        if ch is not None and ch.retired() < want:
-            poll_until(lambda: ch.retired() >= want, ch.timeout_s,
-                       lambda: f"{self.name}: previous run (retirement {want}) never retired", ch.check_error)
+        ch = self._bound_channel
+        if ch is not None:  # the block is rewritten in place: its previous run must have retired
+            ch.wait_retired(self._retire[0], queue=f"{self.name} (its previous run)")
 
     def busy(self, device: HCQDevice) -> bool:
         ch = self._bound_channel
@@ -328,7 +326,7 @@ class _NVQueue(HWQueue):
             dev.reap()
             self._seal(dev)
             ch = self._channel(dev)
-            self._start = ch.reserve(DWORD * len(self._words), QUEUE_ALIGN)
+            self._start = ch.reserve(DWORD * len(self._words), QUEUE_ALIGN, self.name)
             vals = dict(var_vals) if var_vals else {}
             vals[DATA_BASE] = ch.pb_addr + self._start + DWORD * self._data_at
             vals[RETIRE_VALUE] = ch.retire_value + 1
