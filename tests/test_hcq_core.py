@@ -7,6 +7,7 @@ import pytest
 
 from rawgrad.compiler.ir import UOp
 from rawgrad.hcq import Allocator, Device, DeviceTimeout, HCQBuffer, HWQueue, Signal, sym_eval
+from rawgrad.hcq.signal import wait_until
 
 # Generous bound for "returns quickly" on a loaded 2-core machine.
 QUICK_S = 2.0
@@ -63,6 +64,32 @@ def test_idle_wait_does_not_burn_a_core():
     with pytest.raises(DeviceTimeout):
         s.wait(1, timeout_s=0.3)
     assert time.process_time() - c0 < 0.15  # mostly asleep, not spinning
+
+
+def test_wait_until_hooks_driver_sleep_check_and_timeout_error():
+    """The one wait loop: a driver's event wait replaces the sleep, its fault check runs between naps, and
+    its DeviceTimeout is what a timeout raises."""
+    naps: list[float] = []
+    state = {"ready": False}
+
+    def event_wait(seconds: float) -> None:  # a driver event: the device answers on the third wait
+        naps.append(seconds)
+        state["ready"] = len(naps) >= 3
+    wait_until(lambda: state["ready"], 5.0, lambda: DeviceTimeout("D", "q", "s", 1, 0, 5.0), sleep=event_wait)
+    assert len(naps) == 3 and all(0 < n <= 5.0 for n in naps)
+
+    checks = []
+    err = DeviceTimeout("DEV3", "queue9", "thing", 2, 1, 0.02)
+    with pytest.raises(DeviceTimeout) as info:
+        wait_until(lambda: False, 0.02, lambda: err, check=lambda: checks.append(1))
+    assert info.value is err and checks
+
+
+def test_drivers_have_no_wait_loop_of_their_own():
+    from rawgrad.drivers.nv import device as nv_device
+    from rawgrad.drivers.nv import gpfifo
+    assert not hasattr(gpfifo, "poll_until") and gpfifo.wait_until is wait_until
+    assert nv_device.wait_until is wait_until
 
 
 # ---------------------------------------------------------------------- allocator base

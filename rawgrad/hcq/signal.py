@@ -8,7 +8,7 @@ from collections.abc import Callable
 from rawgrad.hcq.errors import DeviceTimeout
 from rawgrad.hcq.memory import WORD_BYTES, ffi, u64_pointer
 
-__all__ = ["SIGNAL_BYTES", "Signal"]
+__all__ = ["SIGNAL_BYTES", "Signal", "wait_until"]
 
 # Layout of a signal in memory: word 0 the value, word 1 the timestamp (device clock, nanoseconds).
 VALUE_WORD = 0
@@ -71,27 +71,45 @@ class Signal:
         return self.address + TIMESTAMP_WORD * WORD_BYTES
 
     def wait(self, value: int, timeout_s: float = DEFAULT_TIMEOUT_S, *, queue: str = "host",
-             check: Callable[[], None] | None = None) -> None:
-        """Block until `self.value >= value`; spin briefly, then sleep with backoff.
+             check: Callable[[], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Block until `self.value >= value` (through `wait_until`: spin briefly, then sleep with backoff).
 
         `check` is called while sleeping (a device uses it to raise DeviceFault instead of waiting out
-        the timeout when it has died). Raises DeviceTimeout after `timeout_s`.
+        the timeout when it has died); `sleep` may be a driver's event wait. Raises DeviceTimeout after
+        `timeout_s`, naming the owner, `queue`, this signal and the values.
         """
         words = self._words
-        if words[VALUE_WORD] >= value:
+        if words[VALUE_WORD] >= value:  # the common case pays for no closure
             return
-        start = time.perf_counter()
-        spin_end = start + SPIN_S
-        while time.perf_counter() < spin_end:
-            if words[VALUE_WORD] >= value:
-                return
-        deadline = start + timeout_s
-        nap = SLEEP_START_S
-        while words[VALUE_WORD] < value:
-            if check is not None:
-                check()
-            now = time.perf_counter()
-            if now >= deadline:
-                raise DeviceTimeout(self.owner, queue, self.name, value, int(words[VALUE_WORD]), timeout_s)
-            time.sleep(min(nap, deadline - now))
-            nap = min(nap * 2, SLEEP_CAP_S)
+        wait_until(lambda: words[VALUE_WORD] >= value, timeout_s,
+                   lambda: DeviceTimeout(self.owner, queue, self.name, value, int(words[VALUE_WORD]),
+                                         timeout_s), check, sleep)
+
+
+def wait_until(ready: Callable[[], bool], timeout_s: float, timed_out: Callable[[], DeviceTimeout],
+               check: Callable[[], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+    """The one host wait loop of the HCQ core and every driver: until `ready()`, spin for SPIN_S, then sleep
+    from SLEEP_START_S doubling up to SLEEP_CAP_S, so an idle waiter does not burn a core.
+
+    Hooks: `check()` runs before every sleep and may raise (a driver's fault check: DeviceFault instead of
+    waiting out the timeout on a dead device); `sleep(seconds)` may be a driver's event wait (eventfd, futex,
+    a driver notification) that returns early when the device signals. After `timeout_s` the loop raises
+    `timed_out()`, a DeviceTimeout naming device, queue, what was waited for and how far it got.
+    """
+    if ready():
+        return
+    start = time.perf_counter()
+    spin_end = start + SPIN_S
+    while time.perf_counter() < spin_end:
+        if ready():
+            return
+    deadline = start + timeout_s
+    nap = SLEEP_START_S
+    while not ready():
+        if check is not None:
+            check()
+        now = time.perf_counter()
+        if now >= deadline:
+            raise timed_out()
+        sleep(min(nap, deadline - now))
+        nap = min(nap * 2, SLEEP_CAP_S)

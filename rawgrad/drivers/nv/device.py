@@ -9,11 +9,12 @@ from typing import Any
 from rawgrad.drivers import osapi
 from rawgrad.drivers.nv import abi
 from rawgrad.drivers.nv import pushbuf as pbuf
-from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, poll_until, read_u64, write_u64
+from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, read_u64, write_u64
 from rawgrad.drivers.nv.memory import MemoryKind, NVBuffer, VARangeAllocator, round_up
 from rawgrad.drivers.nv.rm import UVM, NVError, RMClient, read_card_info, register_fd
 from rawgrad.drivers.osapi import OSInterface
 from rawgrad.hcq.errors import DeviceTimeout
+from rawgrad.hcq.signal import wait_until
 
 CTL_PATH = "/dev/nvidiactl"
 UVM_PATH = "/dev/nvidia-uvm"
@@ -599,7 +600,7 @@ class NVDevice:
     def wait_signal(self, addr: int, value: int, timeout_s: float | None = None) -> None:
         """Wait until the u64 at ``addr`` >= ``value``; DeviceTimeout names device, signal and values."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        poll_until(
+        wait_until(
             lambda: read_u64(addr) >= value,
             timeout,
             lambda: DeviceTimeout(self.name, "host", f"signal {addr:#x}", value, read_u64(addr), timeout),

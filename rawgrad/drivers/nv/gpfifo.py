@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,11 +11,10 @@ import cffi
 from rawgrad.drivers.nv import pushbuf as pbuf
 from rawgrad.drivers.osapi import OSInterface
 from rawgrad.hcq.errors import DeviceTimeout
+from rawgrad.hcq.signal import wait_until
 
 _ffi = cffi.FFI()
 
-SPIN_ITERATIONS = 200  # polls before a wait starts sleeping
-MAX_SLEEP_S = 0.001  # longest sleep between polls
 # NvNotification (the channel error notifier): info32 at +8, status (u16) at +14.
 NOTIFIER_INFO32_OFFSET = 8
 NOTIFIER_STATUS_OFFSET = 14
@@ -46,26 +44,6 @@ def _as_pb(words: list[int]) -> pbuf.PushBuffer:
     pb = pbuf.PushBuffer()
     pb.words.extend(words)
     return pb
-
-
-def poll_until(
-    ready: Callable[[], bool],
-    timeout_s: float,
-    timed_out: Callable[[], DeviceTimeout],
-    check: Callable[[], None] | None = None,
-) -> None:
-    """Spin briefly, then sleep with backoff until ``ready()``; raise ``timed_out()`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    sleep, i = 0.00005, 0
-    while not ready():
-        if check is not None:
-            check()
-        i += 1
-        if i > SPIN_ITERATIONS:
-            if time.monotonic() > deadline:
-                raise timed_out()
-            time.sleep(sleep)
-            sleep = min(sleep * 2, MAX_SLEEP_S)
 
 
 @dataclass
@@ -151,7 +129,7 @@ class Channel:
         if self.retired() >= value:
             return
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        poll_until(lambda: self.retired() >= value, timeout,
+        wait_until(lambda: self.retired() >= value, timeout,
                    self._timed_out(queue, f"{self.name} retirement counter", value, self.retired, timeout),
                    self.check_error)
 
@@ -174,7 +152,7 @@ class Channel:
             # the space is free once the last submission overlapping it has retired
             want = max(f.retire_value for f in overlapping())
             what = f"{self.name} retirement counter (pushbuffer space: {nbytes} bytes at +{start:#x})"
-            poll_until(lambda: not overlapping(), self.timeout_s,
+            wait_until(lambda: not overlapping(), self.timeout_s,
                        self._timed_out(queue, what, want, self.retired, self.timeout_s), self.check_error)
         return start
 
@@ -184,7 +162,7 @@ class Channel:
     def _wait_gp_slots(self, count: int = 1, queue: str | None = None) -> None:
         if self._gp_slots_free(count):  # the usual case, checked before building the poll's closures
             return
-        poll_until(
+        wait_until(
             lambda: self._gp_slots_free(count),
             self.timeout_s,
             self._timed_out(queue, f"free GPFIFO entry count after GPPut {self.put}", count,
