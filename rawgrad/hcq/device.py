@@ -10,15 +10,28 @@ from typing import Any
 from rawgrad import config
 from rawgrad.compiler.renderer import Renderer
 from rawgrad.hcq.allocator import Allocator
-from rawgrad.hcq.errors import DeviceClosedError
+from rawgrad.hcq.errors import DeviceClosedError, HCQError
 from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import HWQueue
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 
-__all__ = ["Device", "DeviceRegistry", "HCQDevice"]
+__all__ = ["Device", "DeviceRegistry", "DeviceUnavailable", "HCQDevice"]
 
 # The package whose import makes every available driver register itself.
 DRIVERS_PACKAGE = "rawgrad.drivers"
+
+
+DOCTOR_HINT = "`python -m rawgrad doctor` shows which devices work here and why the others do not"
+
+
+class DeviceUnavailable(HCQError, OSError):
+    """A device could not be opened on this machine (no driver node, no permission, a failed bring-up).
+    One line: what is missing, what to do instead, and the doctor command."""
+
+    def __init__(self, device: str, why: str, hint: str = "") -> None:
+        tail = f"; {hint}" if hint else ""
+        super().__init__(f"cannot open device {device}: {why}{tail}; {DOCTOR_HINT}")
+        self.device, self.why = device, why
 
 
 class HCQDevice:
@@ -176,7 +189,12 @@ class DeviceRegistry:
                 dev = self._instances.get(full)
                 if dev is None:
                     factory = self._drivers[full.partition(":")[0]][0]
-                    dev = self._instances[full] = factory(full)
+                    try:
+                        dev = self._instances[full] = factory(full)
+                    except OSError as e:  # a driver node, a permission, an ioctl: say so and name the fix
+                        if isinstance(e, HCQError):  # already says what happened (this class, a timeout)
+                            raise
+                        raise DeviceUnavailable(full, f"{type(e).__name__}: {e}") from e
                     if not self._atexit_registered:
                         # atexit runs last-registered first: this drains and stops every device before
                         # weakref finalizers unmap kernel code and buffers that queued work may still use
