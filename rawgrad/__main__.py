@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+
+from rawgrad import progress
+from rawgrad.hcq.device import DeviceUnavailable
 
 
 def demo() -> int:
@@ -32,6 +36,7 @@ def demo() -> int:
     for label, build, ref in cases:
         GlobalCounters.reset()
         t0 = time.perf_counter()
+        compiles = CompileTally()
         with capture_launches() as launched:
             out = build().numpy()
         dt = time.perf_counter() - t0
@@ -39,7 +44,7 @@ def demo() -> int:
         good = np.allclose(out, expect, rtol=1e-4, atol=1e-3)
         ok &= bool(good)
         print(f"  {label:28s} kernels={GlobalCounters.kernel_count}"
-              f"  compiled={GlobalCounters.kernels_compiled}"
+              f"  {compiles}"
               f"  {dt * 1e3:8.2f} ms  matches numpy: {good}")
         names = [e.kernel.name for e in launched if e.kernel is not None]
         print(f"    ran: {', '.join(names)}")
@@ -47,26 +52,36 @@ def demo() -> int:
     return 0 if ok else 1
 
 
-class ProgressBar:
-    """A one-line text bar on stderr for byte counts (weights loading)."""
+class ProgressBar(progress.Phase):
+    """Weights loading on stderr, in bytes (a `progress(done, total)` callback; see rawgrad.progress)."""
 
-    WIDTH = 30
+    WIDTH = progress.WIDTH
 
     def __init__(self, label: str) -> None:
-        self.label, self.start = label, time.perf_counter()
-        self.drawn = -1
+        super().__init__(label, unit="B")
 
-    def __call__(self, done: int, total: int) -> None:
-        frac = done / total if total else 1.0
-        filled = int(frac * self.WIDTH)
-        if filled == self.drawn and done < total:
-            return  # redraw only when the bar grows (a log file gets WIDTH lines at most)
-        self.drawn = filled
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] "
-                         f"{done / 2**20:7.1f}/{total / 2**20:.1f} MiB")
-        if done >= total:
-            sys.stderr.write(f"  {time.perf_counter() - self.start:.2f} s\n")
-        sys.stderr.flush()
+
+class CompileTally:
+    """What the compilers did since this was made: "compiled=N" new kernels (compiler runs) and
+    "cached=M" read back from the disk cache, which cost no compile."""
+
+    def __init__(self) -> None:
+        self.before = progress.compile_sources()
+
+    def counts(self) -> tuple[int, int]:
+        now = progress.compile_sources()
+        return now["new"] - self.before["new"], now["cached"] - self.before["cached"]
+
+    def __str__(self) -> str:
+        new, cached = self.counts()
+        return f"compiled={new} cached={cached}"
+
+
+def _compile_phase(label: str, total: int | None = None,
+                   unit: str = "") -> tuple[progress.Phase, CompileTally]:
+    """A phase whose note counts the kernels compiled and read from the cache while it runs."""
+    tally = CompileTally()
+    return progress.Phase(label, total, unit=unit, describe=lambda: str(tally)), tally
 
 
 DEFAULT_SENTENCES = ["The quick brown fox jumps over the lazy dog.",
@@ -84,13 +99,20 @@ def infer_minilm(sentences: list[str], show: int, repeats: int) -> int:
 
     sentences = sentences or DEFAULT_SENTENCES
     t0 = time.perf_counter()
-    model = minilm.load(progress=ProgressBar("loading all-MiniLM-L6-v2"))
+    with ProgressBar("loading all-MiniLM-L6-v2") as bar:  # the bar's clock also runs while the model builds
+        model = minilm.load(progress=bar)
     print(f"model loaded in {time.perf_counter() - t0:.2f} s on {Device.DEFAULT}")
     runs = []
-    for _ in range(max(repeats, 3)):  # call 1 eager, call 2 captures, later calls replay the graph
+    slow = {0: "call 1: first run, compiling kernels", 1: "call 2: capturing the graph"}
+    for k in range(max(repeats, 3)):  # call 1 eager, call 2 captures, later calls replay the graph
+        phase, tally = _compile_phase(slow[k]) if k in slow else (None, CompileTally())
         t = time.perf_counter()
-        vectors = model.embed(sentences)
-        runs.append((time.perf_counter() - t, model.stats))
+        try:
+            vectors = model.embed(sentences)
+        finally:
+            if phase is not None:
+                phase.close()
+        runs.append((time.perf_counter() - t, model.stats, str(tally)))
     for i, s in enumerate(sentences):
         head = " ".join(f"{v:+.4f}" for v in vectors[i, :show])
         print(f"[{i}] {s[:60]!r}\n    ({vectors.shape[1]} dims) {head} ...")
@@ -100,11 +122,11 @@ def infer_minilm(sentences: list[str], show: int, repeats: int) -> int:
         for i in range(len(sentences)):
             print("   " + " ".join(f"{sims[i, j]:6.3f}" for j in range(len(sentences))))
     print("timing (tokenize + encode + readback):")
-    for k, (dt, st) in enumerate(runs):
+    for k, (dt, st, compiles) in enumerate(runs):
         kind = "eager" if k == 0 else "capture" if k == 1 else "replay"
         print(f"  call {k + 1} ({kind:7s}) {dt * 1e3:9.2f} ms  kernels={st.kernels_launched} "
-              f"compiled={st.kernels_compiled}  {len(sentences) / dt:8.1f} sentences/s")
-    best = min(dt for dt, _ in runs[2:])
+              f"{compiles}  {len(sentences) / dt:8.1f} sentences/s")
+    best = min(dt for dt, _, _ in runs[2:])
     print(f"replayed graph: {best * 1e3:.2f} ms for {len(sentences)} sentence(s); each replay submits its "
           f"{runs[-1][1].kernels_launched} kernels as one prebuilt queue ({runs[-1][1].captures} capture(s) "
           f"serve every sequence length); norms {np.linalg.norm(vectors, axis=1).round(4).tolist()}")
@@ -121,17 +143,24 @@ def infer_gpt2(tokens: int, weights: str | None, prompt: list[int], temperature:
 
     t0 = time.perf_counter()
     if weights:
-        model = gpt2.GPT2.from_pretrained(weights, progress=ProgressBar(f"loading {weights}"))
+        with ProgressBar(f"loading {weights}") as bar:
+            model = gpt2.GPT2.from_pretrained(weights, progress=bar)
         what = weights
     else:
         cfg = gpt2.GPT2Config.gpt2_124m() if size == "124m" else gpt2.GPT2Config.tiny()
         print(f"GPT-2 {size} with random weights (give --weights DIR for a Hugging Face checkpoint)")
-        model = gpt2.GPT2(cfg, seed=seed)
+        with progress.Phase(f"building GPT-2 {size} (random weights)"):
+            model = gpt2.GPT2(cfg, seed=seed)
         if any(t >= cfg.vocab_size for t in prompt):
             prompt = [t % cfg.vocab_size for t in prompt]
         what = "random init"
     print(f"model ready in {time.perf_counter() - t0:.2f} s ({what}) on {Device.DEFAULT}")
-    out = model.generate([prompt], tokens, temperature=temperature, top_k=top_k, seed=seed)
+    # the first steps compile and capture the decode graph: count tokens and compiles as they come
+    phase, tally = _compile_phase(f"generating {tokens} tokens", tokens, "tokens")
+    with phase:
+        on_token: Callable[[int, int], None] = lambda _row, _tok: phase.update()  # noqa: E731
+        out = model.generate([prompt], tokens, temperature=temperature, top_k=top_k, seed=seed,
+                             on_token=on_token)
     timing = model.last_timing
     assert timing is not None
     print(f"prompt {prompt} -> {out[0]}")
@@ -139,7 +168,7 @@ def infer_gpt2(tokens: int, weights: str | None, prompt: list[int], temperature:
     print(f"prefill {timing.prefill_s * 1e3:.2f} ms; {len(per)} decode steps: median "
           f"{statistics.median(per) * 1e3:.2f} ms/token ({1 / statistics.median(per):.1f} tokens/s), min "
           f"{min(per) * 1e3:.2f} ms; {timing.tokens_per_s:.1f} tokens/s overall (first steps run eagerly and "
-          f"capture); captures={len(model.decode_jit.captures)}")
+          f"capture); captures={len(model.decode_jit.captures)} {tally}")
     return 0
 
 
@@ -219,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_gpu.dispatch(quick=args.quick, json_path=args.json)
         return 0
     if args.cmd == "bench" and args.what == "gpu":
+        from rawgrad.drivers.nv import missing_driver
+        if missing_driver() is not None:  # nothing of it can run: say why in one line, not a table of n/a
+            raise DeviceUnavailable("NV", str(missing_driver()), hint="bench gpu needs an NVIDIA GPU (bench "
+                                    "cpu, dispatch and infer run without one)")
         from rawgrad.bench_gpu import main as bench_gpu_main
         return bench_gpu_main(quick=args.quick, json_path=args.json)
     if args.cmd == "bench":
@@ -228,5 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def run(argv: list[str] | None = None) -> int:
+    """`main` for a shell: what a first run meets (no GPU, a bad weights path, a missing package) is one
+    line on stderr naming the fix and exit status 1, not a traceback. DEBUG=1 shows the traceback."""
+    from rawgrad import config
+    from rawgrad.models.decoding import CheckpointNotFound
+    from rawgrad.models.minilm import MissingDependency
+    try:
+        return main(argv)
+    except (DeviceUnavailable, CheckpointNotFound, MissingDependency) as e:
+        if config.DEBUG() >= 1:
+            raise
+        hint = "" if isinstance(e, DeviceUnavailable) else "; `python -m rawgrad doctor` checks this setup"
+        print(f"rawgrad: error: {e}{hint}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

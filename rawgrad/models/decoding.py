@@ -28,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from rawgrad import progress
 from rawgrad.compiler.ir import UOp, Variable
 from rawgrad.jit import TinyJit
 from rawgrad.tensor.tensor import Tensor
 
 __all__ = ["KVCache", "DecoderLM", "SavedDecoder", "GenerationTiming", "attention",
            "select_rows", "sample_token", "normalize_prompts", "run_generation", "start_pos_variable",
-           "checkpoint_files", "load_safetensors", "load_decoder", "checked_weights"]
+           "checkpoint_files", "load_safetensors", "load_decoder", "checked_weights", "CheckpointNotFound"]
 
 START_POS_NAME = "start_pos"
 SAVED_FORMAT = 1
@@ -383,19 +384,29 @@ class DecoderLM:
         """Write the captured decode step for `batch` rows (kernels, weights, KV cache buffers) into the
         directory `path`; `load_decoder(path)` generates from it in a fresh process without compiling."""
         key_shape = (batch, 1)
-        if not any(_captured_batch(k) == key_shape for k in self._decode.captures):
-            # two steps: the first runs eagerly, the second captures (position 0: harmless, the next
-            # generation overwrites it)
-            for _ in range(2):
-                self.decode_step(np.zeros(key_shape, np.int32), 0)
-        # make that capture the most recent one, which is what TinyJit.save writes
-        self.decode_step(np.zeros(key_shape, np.int32), 0)
-        os.makedirs(path, exist_ok=True)
-        self._decode.save(os.path.join(path, GRAPH_FILE))
+        graph = os.path.join(path, GRAPH_FILE)
+        # capturing compiles, and the graph file holds the weights (hundreds of MiB for GPT-2): show both
+        with progress.Phase(f"saving the decode graph to {path}", unit="B", poll=lambda: _file_size(graph)):
+            if not any(_captured_batch(k) == key_shape for k in self._decode.captures):
+                # two steps: the first runs eagerly, the second captures (position 0: harmless, the next
+                # generation overwrites it)
+                for _ in range(2):
+                    self.decode_step(np.zeros(key_shape, np.int32), 0)
+            # make that capture the most recent one, which is what TinyJit.save writes
+            self.decode_step(np.zeros(key_shape, np.int32), 0)
+            os.makedirs(path, exist_ok=True)
+            self._decode.save(graph)
         meta = {"format": SAVED_FORMAT, "arch": self.arch, "batch": batch,
                 "config": asdict(self.config)}
         with open(os.path.join(path, META_FILE), "w") as f:
             json.dump(meta, f, indent=1)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _captured_batch(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -426,7 +437,9 @@ class SavedDecoder:
         self.vocab_size: int = int(self.config["vocab_size"])
         self.max_context: int = int(self.config["max_context"])
         self._start_var = start_pos_variable(self.max_context)
-        self.jit: TinyJit[Any] = TinyJit.load(os.path.join(path, GRAPH_FILE), allow_untrusted=allow_untrusted)
+        graph = os.path.join(path, GRAPH_FILE)
+        with progress.Phase(f"loading the decode graph from {path} ({_file_size(graph) / 2**20:.0f} MiB)"):
+            self.jit: TinyJit[Any] = TinyJit.load(graph, allow_untrusted=allow_untrusted)
         self.last_timing: GenerationTiming | None = None
 
     def decode_step(self, tokens: np.ndarray, pos: int) -> np.ndarray:
@@ -450,6 +463,15 @@ class SavedDecoder:
         return out
 
 
+class CheckpointNotFound(FileNotFoundError):
+    """A weights path that holds no checkpoint; the message says what a checkpoint path looks like."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"{path}: {what} (expected a Hugging Face checkpoint: a .safetensors file, or a "
+                         f"directory with model.safetensors or its shards, plus config.json)")
+        self.path = path
+
+
 def checkpoint_files(path: str) -> tuple[list[str], str | None]:
     """The safetensors file(s) of a checkpoint and its config.json (None if absent)."""
     if os.path.isdir(path):
@@ -457,11 +479,11 @@ def checkpoint_files(path: str) -> tuple[list[str], str | None]:
         files = [single] if os.path.isfile(single) else \
             sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
         if not files:
-            raise FileNotFoundError(f"{path}: no .safetensors file in the directory")
+            raise CheckpointNotFound(path, "no .safetensors file in the directory")
         cfg = os.path.join(path, "config.json")
         return files, cfg if os.path.isfile(cfg) else None
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint file or directory")
+        raise CheckpointNotFound(path, "no such checkpoint file or directory")
     cfg = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
     return [path], cfg if os.path.isfile(cfg) else None
 
