@@ -92,6 +92,29 @@ def test_drivers_have_no_wait_loop_of_their_own():
     assert nv_device.wait_until is wait_until
 
 
+def test_timeline_submit_reserves_a_value_only_for_work_that_was_queued():
+    dev = Device["CPU"]
+    dev.synchronize()
+    before = dev.timeline_value
+    value, q = dev.timeline_submit()
+    assert value == before and dev.timeline_value == before + 1
+    words = q.words()  # wait(timeline, v - 1) then signal(timeline, v)
+    assert before - 1 in words and before in words
+
+    def refuse(q: HWQueue) -> None:
+        raise ValueError("bad launch")
+    with pytest.raises(ValueError, match="bad launch"):
+        dev.timeline_submit(refuse)
+    with pytest.raises(RuntimeError, match="refused"):
+        dev.timeline_replay(lambda v: (_ for _ in ()).throw(RuntimeError("refused")))
+    assert dev.timeline_value == before + 1  # no gap: synchronize returns
+    dev.synchronize(timeout_s=5)
+    tl = dev.timeline_signal
+    replayed = dev.timeline_replay(lambda v: (v, dev.queue().wait(tl, v - 1).signal(tl, v).submit(dev)))
+    assert replayed[0] == before + 1 and dev.timeline_value == before + 2
+    dev.synchronize(timeout_s=5)
+
+
 # ---------------------------------------------------------------------- allocator base
 class HostBytesAllocator(Allocator):
     """Backed by bytearrays; counts driver calls."""

@@ -5,7 +5,7 @@ import atexit
 import importlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from rawgrad import config
 from rawgrad.compiler.renderer import Renderer
@@ -16,6 +16,8 @@ from rawgrad.hcq.queue import HWQueue
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 
 __all__ = ["Device", "DeviceRegistry", "DeviceUnavailable", "HCQDevice"]
+
+T = TypeVar("T")
 
 # The package whose import makes every available driver register itself.
 DRIVERS_PACKAGE = "rawgrad.drivers"
@@ -89,6 +91,32 @@ class HCQDevice:
             value = self.timeline_value
             self.timeline_value += 1
             return value
+
+    def timeline_submit(self, work: Callable[[HWQueue], object] | None = None,
+                        queue: HWQueue | None = None) -> tuple[int, HWQueue]:
+        """Queue `wait(timeline, v - 1) -> work(q) -> signal(timeline, v)` on `queue` (default: a new compute
+        queue) and submit it; returns (v, the queue). The one way work joins the timeline.
+
+        All of it runs under `submit_lock`, and `v` is reserved only once the submit went through: a refused
+        submit leaves no gap that a later `synchronize` would wait on forever."""
+        with self.submit_lock:
+            value = self.timeline_value
+            q = (self.queue() if queue is None else queue).wait(self.timeline_signal, value - 1)
+            if work is not None:
+                work(q)
+            q.signal(self.timeline_signal, value).submit(self)
+            self.timeline_value = value + 1
+        return value, q
+
+    def timeline_replay(self, submit: Callable[[int], T]) -> T:
+        """`timeline_submit` for a queue that encodes its own timeline wait and signal (a bound replay whose
+        wait/signal values are patch points): `submit(v)` must submit work that waits for `v - 1` and
+        signals `v`; under `submit_lock`, `v` reserved once it returned. Returns what `submit` returned."""
+        with self.submit_lock:
+            value = self.timeline_value
+            out = submit(value)
+            self.timeline_value = value + 1
+        return out
 
     def queue(self) -> HWQueue:
         """A new, empty compute queue for this device."""

@@ -241,24 +241,23 @@ class HCQGraph:
 
     def _submit(self, var_vals: Mapping[UOp, int]) -> tuple[int, HWQueue]:
         dev = self.device
-        # One step under the device's lock: reserving the value, choosing and patching a bound copy (patched
-        # in place, so two threads must not write one at once) and the submit that signals the value.
-        with dev.submit_lock:
-            value = dev.timeline_value
-            vals = dict(var_vals)
-            vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
-            k = self._next_copy
-            queue = self.copies[k]
-            if len(self.copies) < MAX_BOUND_COPIES and queue.busy(dev):
-                queue = _instantiate(self.template, dev, self._relocs)  # instead of waiting for it to retire
-                self.copies.append(queue)
-                k = len(self.copies) - 1
-            queue.submit(dev, vals)
-            self._next_copy = (k + 1) % len(self.copies)
-            # Only reserve the value once the work is queued: a refused submit must not leave a gap that
-            # a later synchronize would wait on forever.
-            dev.timeline_value = value + 1
-        return value, queue
+        # One step under the device's lock (timeline_replay): reserving the value, choosing and patching a
+        # bound copy (patched in place, so two threads must not write one at once) and the submit that
+        # signals the value; the value is only reserved once the work is queued.
+        return dev.timeline_replay(lambda value: (value, self._replay(dev, var_vals, value)))
+
+    def _replay(self, dev: HCQDevice, var_vals: Mapping[UOp, int], value: int) -> HWQueue:
+        vals = dict(var_vals)
+        vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
+        k = self._next_copy
+        queue = self.copies[k]
+        if len(self.copies) < MAX_BOUND_COPIES and queue.busy(dev):
+            queue = _instantiate(self.template, dev, self._relocs)  # instead of waiting for it to retire
+            self.copies.append(queue)
+            k = len(self.copies) - 1
+        queue.submit(dev, vals)
+        self._next_copy = (k + 1) % len(self.copies)
+        return queue
 
 
 def plan_arena(sizes: Sequence[int], lifetimes: Sequence[tuple[int, int]],

@@ -32,6 +32,7 @@ from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 if TYPE_CHECKING:
     from rawgrad.hcq.device import HCQDevice
     from rawgrad.hcq.program import Program
+    from rawgrad.hcq.queue import KernelArg
 
 __all__ = ["EAGER", "PROFILER", "REPLAY", "ProfileEvent", "Profiler", "export_chrome_trace", "export_png",
            "launch"]
@@ -273,15 +274,12 @@ def launch(program: Program, bufs: Sequence[HCQBuffer], global_size: tuple[int, 
     PROFILER.collect()  # cheap, and keeps the pending list short during long eager runs
     start, end = PROFILER.pair(dev)  # the pair is this launch's alone until the profiler reads it
     try:
-        # Reserving the value and queueing the work that signals it are one step (hcq/device.py). The
+        # Reserving the value and queueing the work that signals it are one step (timeline_submit). The
         # profiler's calls stay outside the device's lock: under its own lock it waits for device work and
         # allocates signals, so it must never be taken while a device's lock is held.
-        with dev.submit_lock:
-            value = dev.timeline_value
-            q = dev.queue().wait(dev.timeline_signal, value - 1).timestamp(start)
-            q.exec(program, (*bufs, *vals), global_size, local_size).timestamp(end)
-            q.signal(dev.timeline_signal, value).submit(dev)
-            dev.timeline_value = value + 1
+        args: tuple[KernelArg, ...] = (*bufs, *vals)
+        value, q = dev.timeline_submit(
+            lambda q: q.timestamp(start).exec(program, args, global_size, local_size).timestamp(end))
     except BaseException:
         PROFILER.give_back(dev, (start, end))
         raise

@@ -8,6 +8,7 @@ from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from rawgrad.hcq.device import HCQDevice
+    from rawgrad.hcq.queue import KernelArg
 
 __all__ = ["Program"]
 
@@ -29,19 +30,15 @@ class Program:
                  wait: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> float | None:
         """Launch once on the device timeline; with `wait`, block and return the kernel's seconds."""
         dev = self.device
-        with dev.submit_lock:  # reserve the value and queue the work that signals it as one step
-            value = dev.timeline_value
-            q = dev.queue().wait(dev.timeline_signal, value - 1)
-            if not wait:
-                q.exec(self, (*bufs, *vals), global_size, local_size)
-                q.signal(dev.timeline_signal, value).submit(dev)
-                dev.timeline_value = value + 1
-                return None
-            # A timed launch keeps the lock until it has read the device's one pair of timing signals, so
-            # another thread's timed launch cannot overwrite them first (a debugging path: it waits anyway).
+        args: tuple[KernelArg, ...] = (*bufs, *vals)
+        if not wait:
+            dev.timeline_submit(lambda q: q.exec(self, args, global_size, local_size))
+            return None
+        # A timed launch keeps the (re-entrant) lock until it has read the device's one pair of timing
+        # signals, so another thread's timed launch cannot overwrite them first (a debugging path: it waits).
+        with dev.submit_lock:
             start, end = dev.timing_signals()
-            q.timestamp(start).exec(self, (*bufs, *vals), global_size, local_size).timestamp(end)
-            q.signal(dev.timeline_signal, value).submit(dev)
-            dev.timeline_value = value + 1
+            value, q = dev.timeline_submit(
+                lambda q: q.timestamp(start).exec(self, args, global_size, local_size).timestamp(end))
             dev.timeline_signal.wait(value, timeout_s, queue=q.name, check=dev.check_fault)
             return (end.timestamp - start.timestamp) / NS_PER_S

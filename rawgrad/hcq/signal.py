@@ -71,19 +71,19 @@ class Signal:
         return self.address + TIMESTAMP_WORD * WORD_BYTES
 
     def wait(self, value: int, timeout_s: float = DEFAULT_TIMEOUT_S, *, queue: str = "host",
-             check: Callable[[], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+             check: Callable[[], None] | None = None) -> None:
         """Block until `self.value >= value` (through `wait_until`: spin briefly, then sleep with backoff).
 
         `check` is called while sleeping (a device uses it to raise DeviceFault instead of waiting out
-        the timeout when it has died); `sleep` may be a driver's event wait. Raises DeviceTimeout after
-        `timeout_s`, naming the owner, `queue`, this signal and the values.
+        the timeout when it has died). Raises DeviceTimeout after `timeout_s`, naming the owner, `queue`,
+        this signal and the values. (A driver that can sleep on a device event calls `wait_until` with it.)
         """
         words = self._words
         if words[VALUE_WORD] >= value:  # the common case pays for no closure
             return
         wait_until(lambda: words[VALUE_WORD] >= value, timeout_s,
                    lambda: DeviceTimeout(self.owner, queue, self.name, value, int(words[VALUE_WORD]),
-                                         timeout_s), check, sleep)
+                                         timeout_s), check)
 
 
 def wait_until(ready: Callable[[], bool], timeout_s: float, timed_out: Callable[[], DeviceTimeout],

@@ -787,10 +787,7 @@ class NVHCQDevice(HCQDevice):
         return self._staging
 
     def _copy_now(self, dst: int, src: int, nbytes: int) -> None:
-        value = self.timeline_value
-        q = self.copy_queue().wait(self.timeline_signal, value - 1).copy(dst, src, nbytes)
-        q.signal(self.timeline_signal, value).submit(self)
-        self.timeline_value = value + 1
+        value, q = self.timeline_submit(lambda q: q.copy(dst, src, nbytes), self.copy_queue())
         self.timeline_signal.wait(value, queue=q.name, check=self.check_fault)
 
     def copy_in(self, dst_va: int, src: memoryview) -> None:
