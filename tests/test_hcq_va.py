@@ -103,3 +103,42 @@ def test_random_against_model():
     for addr in list(live):
         va.free(addr)
     assert va.free_ranges() == [(BASE, 1 << 20)]
+
+
+def test_nv_driver_window_uses_this_allocator():
+    """The NV driver carves every buffer, signal page and UVM channel range out of its shared CPU/GPU
+    window with this allocator (page-aligned by default, 2 MiB for huge pages), and frees go back to it."""
+    from rawgrad.drivers.nv.device import SMALL_PAGE, NVDevice
+    from rawgrad.drivers.nv.mock import H100, MockNV
+
+    m = MockNV(H100)
+    d = NVDevice(m, gpfifo_entries=8, window_size=1 << 30, timeout_s=5.0)  # type: ignore[arg-type]
+    try:
+        assert isinstance(d.va, VARangeAllocator) and d.va.alignment == SMALL_PAGE
+        used = d.va.allocated_bytes
+        buf = d.alloc_host(SMALL_PAGE + 1)  # rounded to pages
+        assert buf.va % SMALL_PAGE == 0 and d.va.size_of(buf.va) == 2 * SMALL_PAGE
+        d.free(buf)
+        assert d.va.allocated_bytes == used
+        again = d.alloc_host(2 * SMALL_PAGE)
+        assert again.va == buf.va  # the freed range is reused first-fit, not bumped past
+        d.free(again)
+    finally:
+        d.close()
+        m.shutdown()
+
+
+def test_page_and_huge_page_requests_like_the_nv_driver():
+    va = VARangeAllocator(0x10000, 0x100000, alignment=0x1000)
+    a, b, c = va.alloc(0x1000), va.alloc(0x3000), va.alloc(0x1000)
+    assert (a, b, c) == (0x10000, 0x11000, 0x14000)
+    va.free(b)
+    assert va.alloc(0x2000) == 0x11000  # freed range reused first-fit
+    va.free(0x11000)
+    va.free(a)
+    va.free(c)
+    assert va.allocated_bytes == 0 and va.alloc(0x100000) == 0x10000  # fully coalesced again
+    with pytest.raises(MemoryError):  # OutOfVirtualMemory is a MemoryError: the NV allocator's retry sees it
+        va.alloc(0x1000)
+    big = VARangeAllocator(0, 1 << 30)
+    assert big.alloc(0x1000, 1 << 21) == 0 and big.alloc(0x1000, 1 << 21) == 1 << 21

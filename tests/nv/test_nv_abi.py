@@ -6,7 +6,6 @@ import pytest
 
 from rawgrad.drivers.nv import abi
 from rawgrad.drivers.nv import pushbuf as pb
-from rawgrad.drivers.nv.memory import VARangeAllocator
 
 
 def test_ioctl_numbers_match_worked_examples() -> None:
@@ -77,27 +76,6 @@ def test_gp_entry_fields() -> None:
     assert pb.GP_ENTRY_GET.get(e) << 2 | pb.GP_ENTRY_GET_HI.get(e) << 32 == 0x12_3456_7890
     assert pb.GP_ENTRY_LENGTH.get(e) == 6 and pb.GP_ENTRY_LEVEL.get(e) == 0 and pb.GP_ENTRY_SYNC.get(e) == 0
     assert e == (0x12_3456_7890 | 6 << 42)  # NV-FACTS 4.3 summary formula
-
-
-def test_va_allocator_reuses_and_coalesces() -> None:
-    va = VARangeAllocator(0x10000, 0x100000)
-    a = va.alloc(0x1000)
-    b = va.alloc(0x3000)
-    c = va.alloc(0x1000)
-    assert (a, b, c) == (0x10000, 0x11000, 0x14000)
-    va.free(b)
-    assert va.alloc(0x2000) == 0x11000  # freed range reused first-fit
-    va.free(0x11000)
-    va.free(a)
-    va.free(c)
-    assert va.used_bytes == 0 and va.alloc(0x100000) == 0x10000  # fully coalesced again
-    with pytest.raises(MemoryError):
-        va.alloc(0x1000)
-    with pytest.raises(ValueError):
-        va.free(0x20000)
-    assert va.alloc is not None
-    big = VARangeAllocator(0, 1 << 30)
-    assert big.alloc(0x1000, align=1 << 21) == 0 and big.alloc(0x1000, align=1 << 21) == 1 << 21
 
 
 def test_libc_os_implements_the_seam() -> None:

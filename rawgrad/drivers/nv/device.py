@@ -10,11 +10,12 @@ from rawgrad.drivers import osapi
 from rawgrad.drivers.nv import abi
 from rawgrad.drivers.nv import pushbuf as pbuf
 from rawgrad.drivers.nv.gpfifo import Channel, NVChannelError, read_u64, write_u64
-from rawgrad.drivers.nv.memory import MemoryKind, NVBuffer, VARangeAllocator, round_up
+from rawgrad.drivers.nv.memory import MemoryKind, NVBuffer, round_up
 from rawgrad.drivers.nv.rm import UVM, NVError, RMClient, read_card_info, register_fd
 from rawgrad.drivers.osapi import OSInterface
 from rawgrad.hcq.errors import DeviceTimeout
 from rawgrad.hcq.signal import wait_until
+from rawgrad.hcq.va import VARangeAllocator
 
 CTL_PATH = "/dev/nvidiactl"
 UVM_PATH = "/dev/nvidia-uvm"
@@ -241,7 +242,7 @@ class NVDevice:
         # 10. the shared CPU/GPU address window and its allocator
         self.window_base = self._reserve_window(window_base, window_size)
         self.window_size = window_size
-        self.va = VARangeAllocator(self.window_base, window_size)
+        self.va = VARangeAllocator(self.window_base, window_size, alignment=SMALL_PAGE)
         # 11. signal page (host memory; also holds the channels' retirement counters)
         self.signal_page = self.alloc_host(SIGNAL_PAGE_BYTES)
         self._free_slots = list(
