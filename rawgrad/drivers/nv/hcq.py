@@ -98,6 +98,26 @@ IMAGE_GUARD_BYTES = 0x1000
 PAGE = 0x1000
 # How long close() lets queued work drain before tearing the device down.
 CLOSE_DRAIN_S = 2.0
+# The mock GPU interprets PTX, thousands of times slower than hardware (the README's 1024x1024 example
+# runs about 3.5 minutes there): its waits for the default timeout (DEFAULT_TIMEOUT_S, and the channels'
+# default when the registry opens it) are this many times longer. A timeout given explicitly is kept as it
+# is, and real hardware never scales.
+MOCK_TIMEOUT_SCALE = 20.0
+NV_CHANNEL_TIMEOUT_S = 10.0  # NVDevice's default channel timeout, scaled for the mock by open_device
+
+
+class _ScaledDefaultSignal(Signal):
+    """A signal of the mock GPU: a wait for the default timeout lasts `scale` times longer."""
+
+    def __init__(self, *args: Any, scale: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scale = scale
+
+    def wait(self, value: int, timeout_s: float = DEFAULT_TIMEOUT_S, *, queue: str = "host",
+             check: Callable[[], None] | None = None) -> None:
+        if timeout_s == DEFAULT_TIMEOUT_S:  # the library default (callers pass it on as a value)
+            timeout_s *= self.scale
+        super().wait(value, timeout_s, queue=queue, check=check)
 
 # Same-device copies on the compute channel (which has no copy-engine object): a kernel where thread i
 # moves bytes [16 i, 16 i + 16), as one 16-byte load/store when dst, src and the size are 16-byte aligned,
@@ -639,6 +659,8 @@ class NVHCQDevice(HCQDevice):
         self.mock = owned_mock if owned_mock is not None else (
             os_iface if type(os_iface).__name__ == "MockNV" else None)
         self.is_mock = self.mock is not None
+        # how much longer a wait for the default timeout lasts here (the mock reports its slowness)
+        self.timeout_scale = MOCK_TIMEOUT_SCALE if self.is_mock else 1.0
         # SEND_SIGNALING_PCAS2_B action of a launch that is not chained (NV-FACTS 5.2: 9 = prefetch +
         # schedule; the bring-up smoke run tries 3 and 0xA too if nothing dispatches)
         self.pcas_action = PCAS_ACTION_PREFETCH_SCHEDULE
@@ -670,7 +692,11 @@ class NVHCQDevice(HCQDevice):
     def new_signal(self, value: int = 0, name: str | None = None) -> Signal:
         with self.submit_lock:  # the driver's memory bookkeeping is not thread-safe: one caller at a time
             addr = self.nv.alloc_signal()
-        sig = Signal(value, address=addr, owner=self.name, name=name)
+        if self.timeout_scale != 1.0:
+            sig: Signal = _ScaledDefaultSignal(value, address=addr, owner=self.name, name=name,
+                                               scale=self.timeout_scale)
+        else:
+            sig = Signal(value, address=addr, owner=self.name, name=name)
         weakref.finalize(sig, self.nv.free_signal, addr)
         return sig
 
@@ -881,7 +907,7 @@ def open_device(name: str) -> NVHCQDevice:
     mock = MockNV(H100 if which == "h100" else AMPERE, execute_kernels=True)
     try:
         # one GPU per mock: every NV:<i> is card 0 of its own mock driver
-        return NVHCQDevice(name, mock, owned_mock=mock)
+        return NVHCQDevice(name, mock, owned_mock=mock, timeout_s=NV_CHANNEL_TIMEOUT_S * MOCK_TIMEOUT_SCALE)
     except BaseException:
         mock.shutdown()
         raise
