@@ -24,7 +24,7 @@ from rawgrad import Tensor, Device
 from rawgrad.drivers.cpu import device as cpu_device
 from rawgrad.hcq import DeviceTimeout
 cpu_device.FORCE_STOP_TIMEOUT_S = 0.3
-b = Tensor.rand(2 ** 12).realize()
+b = Tensor.rand(2 ** 12, device="CPU").realize()
 slow = b.reshape(1, 2 ** 12).expand(2 ** 26, 2 ** 12).sin().sum()  # one output: one chunk, minutes of work
 slow.realize()
 try:
