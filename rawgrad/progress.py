@@ -84,6 +84,15 @@ def compile_sources() -> dict[str, int]:
     return {"new": new, "cached": cached}
 
 
+def _sized(stream: TextIO) -> bool:
+    """Whether `stream` is a terminal that reports its size (a pty nobody sized reports 0 x 0)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return True  # let tqdm find out
+    return size.columns > 0 and size.lines > 0
+
+
 def _seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 60 else f"{int(s // 60)} min {s % 60:02.0f} s"
 
@@ -114,8 +123,10 @@ class Phase:
         self._ticker: threading.Thread | None = None
         if self.mode == "bar":
             tqdm = _tqdm()
+            sized = _sized(self.stream)  # tqdm draws nothing on a terminal of 0 x 0 (an unsized pty)
             self._bar = tqdm(total=self._shown(total), desc=label, file=self.stream, leave=True,
-                             dynamic_ncols=True, mininterval=0.1, bar_format=self._format())
+                             dynamic_ncols=sized, ncols=None if sized else 100, nrows=None if sized else 24,
+                             mininterval=0.1, bar_format=self._format())
         elif self.mode == "lines":
             self._write(f"{label} ...")
         if self.mode in ("bar", "lines"):
