@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
+import pytest
 
 from rawgrad import Tensor, TinyJit, nn
 from rawgrad.dtype import dtypes
+
+
+@pytest.fixture(autouse=True)
+def _eval_mode_afterwards() -> Iterator[None]:
+    """model.train() sets the process-wide Tensor.training; every test here leaves it off again."""
+    yield
+    Tensor.training = False
 
 
 class Net(nn.Module):
@@ -35,7 +45,7 @@ def test_the_first_ten_pytorch_lines() -> None:
     assert names == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     opt = nn.optim.SGD(list(model.parameters()), lr=0.1)
     model.train()
-    assert model.training and model.fc1.training is not False and Tensor.training
+    assert model.training and model.fc1.training and Tensor.training
     data = Tensor(np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32))
     target = Tensor(np.random.default_rng(1).integers(0, 2, 16).astype(np.int32))
     first = None
@@ -93,12 +103,15 @@ def test_a_torch_style_sequential_cnn_trains() -> None:
     opt = nn.optim.Adam(list(model.parameters()), lr=0.01)
     losses = []
     model.train()
-    for _ in range(10):
-        opt.zero_grad()
-        loss = model(x).nll_loss(y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    try:
+        for _ in range(10):
+            opt.zero_grad()
+            loss = model(x).nll_loss(y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        model.eval()  # Tensor.training is process-wide: leave it as the other tests expect
     assert losses[-1] < losses[0], losses
     for layer, want in [(nn.GELU(), None), (nn.SiLU(), None), (nn.Tanh(), np.tanh), (nn.Sigmoid(), None),
                         (nn.Identity(), lambda a: a),

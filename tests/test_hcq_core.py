@@ -295,10 +295,14 @@ def test_a_tensor_of_a_closed_device_raises_instead_of_crashing() -> None:
     from rawgrad import Tensor
     from rawgrad.hcq import Device, DeviceClosedError
     from rawgrad.tensor.tensor import DEFAULT_DEVICE
-    t = (Tensor(np.arange(4, dtype=np.float32)) * 2).realize()
-    Device.close(DEFAULT_DEVICE)
+    # a second instance of the default kind: closing the default one would break other modules' tensors
+    dev = DEFAULT_DEVICE.split(":")[0] + ":7"
+    t = (Tensor(np.arange(4, dtype=np.float32), device=dev) * 2).realize()
+    Device.close(dev)
     with pytest.raises(DeviceClosedError, match=r"was closed \(Device.close"):
         t.numpy()
     with pytest.raises(DeviceClosedError):
         (t + 1).numpy()
-    np.testing.assert_array_equal((Tensor(np.arange(4, dtype=np.float32)) * 3).numpy(), [0, 3, 6, 9])
+    again = Tensor(np.arange(4, dtype=np.float32), device=dev) * 3
+    np.testing.assert_array_equal(again.numpy(), [0, 3, 6, 9])
+    Device.close(dev)
