@@ -109,9 +109,11 @@ class NVDevice:
         window_base: int = DEFAULT_WINDOW_BASE,
         window_size: int = DEFAULT_WINDOW_SIZE,
         timeout_s: float = 10.0,
+        name: str | None = None,
     ):
         self.os, self.index, self.timeout_s = os_iface, index, timeout_s
-        self.name = f"NV:{index}"
+        # what errors call it: the HCQ device's name when one owns it ("NV" for card 0)
+        self.name = f"NV:{index}" if name is None else name
         self._channels: list[Channel] = []  # as they are made (a failed bring-up may have made one)
         self._cleanup: list[tuple[str, Callable[[], None]]] = []
         self.buffers: dict[int, NVBuffer] = {}

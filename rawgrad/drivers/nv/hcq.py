@@ -668,7 +668,8 @@ class NVHCQDevice(HCQDevice):
         # buffers waiting for the GPU to finish with them: (ready?, buffer); see reap(). A deque: finalizers
         # on any thread append while reap() pops, and neither operation can lose the other's item.
         self._deferred: deque[tuple[Callable[[], bool], NVBuffer]] = deque()
-        self.nv = NVDevice(os_iface if os_iface is not None else LibcOS(), index=index, **nv_kwargs)
+        self.nv = NVDevice(os_iface if os_iface is not None else LibcOS(), index=index, name=name,
+                           **nv_kwargs)
         try:
             sm = self.nv.gr_info["sm_version"]
             self.arch = ARCH_BY_SM_VERSION.get(sm) or f"sm_{(sm >> 8) * 10 + (sm & 0xF)}"
