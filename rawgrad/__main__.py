@@ -262,19 +262,34 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None = None) -> int:
-    """`main` for a shell: what a first run meets (no GPU, a bad weights path, a missing package) is one
-    line on stderr naming the fix and exit status 1, not a traceback. DEBUG=1 shows the traceback."""
+    """`main` for a shell: what a first run meets (no GPU, an unknown DEV, a bad weights path, a missing
+    package, an argument out of range) is one line on stderr and exit status 1, not a traceback. DEBUG=1
+    shows the traceback."""
     from rawgrad import config
-    from rawgrad.models.decoding import CheckpointNotFound
-    from rawgrad.models.minilm import MissingDependency
     try:
         return main(argv)
-    except (DeviceUnavailable, CheckpointNotFound, MissingDependency) as e:
-        if config.DEBUG() >= 1:
+    except Exception as e:
+        setup = _setup_problem(e)
+        if config.DEBUG() >= 1 or not (setup or _user_error(e)):
             raise
-        hint = "" if isinstance(e, DeviceUnavailable) else "; `python -m rawgrad doctor` checks this setup"
+        hint = "; `python -m rawgrad doctor` checks this setup" if setup else ""
         print(f"rawgrad: error: {e}{hint}", file=sys.stderr)
         return 1
+
+
+def _user_error(e: BaseException) -> bool:
+    from rawgrad.errors import RawgradError
+    return isinstance(e, (DeviceUnavailable, RawgradError))
+
+
+def _setup_problem(e: BaseException) -> bool:
+    """A missing checkpoint or package (imported here: with DEV set wrongly, importing models fails)."""
+    try:
+        from rawgrad.models.decoding import CheckpointNotFound
+        from rawgrad.models.minilm import MissingDependency
+    except Exception:  # noqa: BLE001 - then e is not one of these
+        return False
+    return isinstance(e, (CheckpointNotFound, MissingDependency))
 
 
 if __name__ == "__main__":

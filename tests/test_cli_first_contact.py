@@ -223,3 +223,18 @@ def test_nv_hw_session_passes_when_every_stage_passes(tmp_path: Path) -> None:
 def test_nv_hw_session_env_stage_fails_on_its_checks_only(tmp_path: Path) -> None:
     p = _session(tmp_path, "env", fail_on="doctor")  # nvidia-smi and ptxas are missing here: informational
     assert p.returncode == 1 and "failed stages: env" in p.stdout, p.stdout
+
+
+def test_unknown_device_and_too_many_tokens_are_one_line() -> None:
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "DEV": "FOO"}
+    proc = subprocess.run([sys.executable, "-m", "rawgrad", "demo"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "rawgrad: error: unknown device 'FOO'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "rawgrad", "infer", "gpt2", "--size", "tiny", "--tokens", "40"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "ask for at most" in proc.stderr

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from rawgrad import config
 from rawgrad.compiler.renderer import Renderer
+from rawgrad.errors import ArgumentError
 from rawgrad.hcq.allocator import Allocator
 from rawgrad.hcq.errors import DeviceClosedError, HCQError
 from rawgrad.hcq.program import Program
@@ -202,7 +203,7 @@ class DeviceRegistry:
         if kind not in self._drivers:
             why = self.driver_errors.get(kind)
             extra = f" (the {kind} driver failed to load: {why!r})" if why is not None else ""
-            raise ValueError(f"unknown device {name!r}; known devices: {', '.join(self.known)}{extra}")
+            raise ArgumentError(f"unknown device {name!r}; known devices: {', '.join(self.known)}{extra}")
         if index and not index.isdigit():
             raise ValueError(f"device index in {name!r} must be a non-negative integer")
         full = kind if index in ("", "0") else f"{kind}:{int(index)}"

@@ -30,6 +30,7 @@ import numpy as np
 
 from rawgrad import progress
 from rawgrad.compiler.ir import UOp, Variable
+from rawgrad.errors import ArgumentError
 from rawgrad.jit import TinyJit
 from rawgrad.tensor.tensor import Tensor
 
@@ -233,8 +234,9 @@ def run_generation(prompts: list[list[int]], max_new_tokens: int, max_context: i
     longest, shortest = max(map(len, prompts)), min(map(len, prompts))
     needed = longest + max_new_tokens - 1  # the last generated token is never fed back
     if needed > max_context:
-        raise ValueError(f"a prompt of {longest} tokens plus {max_new_tokens} new tokens needs {needed} "
-                         f"positions, but the context holds {max_context}")
+        raise ArgumentError(f"a prompt of {longest} tokens plus {max_new_tokens} new tokens needs {needed} "
+                            f"positions, but the context holds {max_context}: ask for at most "
+                            f"{max_context - longest + 1} new tokens")
     timing = GenerationTiming(b, longest, 0.0)
     out: list[list[int]] = [[] for _ in range(b)]
     if max_new_tokens == 0:
