@@ -234,7 +234,7 @@ def test_unknown_device_and_too_many_tokens_are_one_line() -> None:
                           timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "rawgrad: error: unknown device 'FOO'" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "rawgrad", "infer", "gpt2", "--size", "tiny", "--tokens", "40"],
-                          capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "rawgrad", "infer", "gpt2", "--size", "tiny", "--tokens", "40"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "ask for at most" in proc.stderr
