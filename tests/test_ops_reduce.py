@@ -119,3 +119,14 @@ def test_zero_dim_and_empty_reductions(check):
         z.sum(1)
     with pytest.raises(ValueError, match="repeats a dimension"):
         Tensor.ones(2, 2).sum((0, -2))
+
+
+def test_long_row_reductions(rng: np.random.Generator) -> None:
+    # rows of >= 2048 elements: on a GPU each output gets a whole thread block (warp shuffles, then shared
+    # memory between two barriers), the path a misplaced barrier breaks; checked against numpy
+    x = rng.standard_normal((3, 4096)).astype(np.float32)
+    t = Tensor(x)
+    np.testing.assert_allclose(t.sum(1).numpy(), x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-3)
+    np.testing.assert_array_equal(t.max(1).numpy(), x.max(1))
+    ints = rng.integers(-1000, 1000, (2, 2048)).astype(np.int32)
+    np.testing.assert_array_equal(Tensor(ints).sum(1).numpy(), ints.sum(1))
