@@ -106,11 +106,11 @@ def test_timeline_submit_reserves_a_value_only_for_work_that_was_queued():
     with pytest.raises(ValueError, match="bad launch"):
         dev.timeline_submit(refuse)
     with pytest.raises(RuntimeError, match="refused"):
-        dev.timeline_replay(lambda v: (_ for _ in ()).throw(RuntimeError("refused")))
+        dev.timeline_replay(lambda v, _: (_ for _ in ()).throw(RuntimeError("refused")), None)
     assert dev.timeline_value == before + 1  # no gap: synchronize returns
     dev.synchronize(timeout_s=5)
     tl = dev.timeline_signal
-    replayed = dev.timeline_replay(lambda v: (v, dev.queue().wait(tl, v - 1).signal(tl, v).submit(dev)))
+    replayed = dev.timeline_replay(lambda v, q: (v, q.wait(tl, v - 1).signal(tl, v).submit(dev)), dev.queue())
     assert replayed[0] == before + 1 and dev.timeline_value == before + 2
     dev.synchronize(timeout_s=5)
 

@@ -19,6 +19,7 @@ from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 __all__ = ["Device", "DeviceRegistry", "DeviceUnavailable", "HCQDevice"]
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 # The package whose import makes every available driver register itself.
 DRIVERS_PACKAGE = "rawgrad.drivers"
@@ -109,13 +110,14 @@ class HCQDevice:
             self.timeline_value = value + 1
         return value, q
 
-    def timeline_replay(self, submit: Callable[[int], T]) -> T:
+    def timeline_replay(self, submit: Callable[[int, A], T], arg: A) -> T:
         """`timeline_submit` for a queue that encodes its own timeline wait and signal (a bound replay whose
-        wait/signal values are patch points): `submit(v)` must submit work that waits for `v - 1` and
-        signals `v`; under `submit_lock`, `v` reserved once it returned. Returns what `submit` returned."""
+        wait/signal values are patch points): `submit(v, arg)` must submit work that waits for `v - 1` and
+        signals `v`; under `submit_lock`, `v` reserved once it returned. Returns what `submit` returned.
+        (`arg` rather than a closure: this is TinyJit's replay path, where each call costs.)"""
         with self.submit_lock:
             value = self.timeline_value
-            out = submit(value)
+            out = submit(value, arg)
             self.timeline_value = value + 1
         return out
 

@@ -228,25 +228,22 @@ class HCQGraph:
         """Replay once after all earlier work of the device's timeline; returns the timeline value it
         signals. Raises (before anything runs) if a variable is missing or out of range."""
         if not self.profile_pairs:
-            return self._submit(var_vals)[0]
+            return self.device.timeline_replay(self._replay, var_vals)[0]
         # The profiler's lock is never taken under a device's lock (it waits for device work while held,
         # and allocates signals): this graph's own lock orders reading the previous replay's timestamps,
         # this replay and its record, against another thread replaying the same graph.
         with self._profile_lock:
             PROFILER.settle(self)  # this replay rewrites the same timestamp slots: read the last one's first
-            value, queue = self._submit(var_vals)
+            value, queue = self.device.timeline_replay(self._replay, var_vals)
             PROFILER.add(self.device, value, self.template.profile_names, self.profile_pairs, REPLAY,
                          queue.name, owner=self)
         return value
 
-    def _submit(self, var_vals: Mapping[UOp, int]) -> tuple[int, HWQueue]:
+    def _replay(self, value: int, var_vals: Mapping[UOp, int]) -> tuple[int, HWQueue]:
+        """Replay as timeline value `value`: run by the device's timeline_replay, under its lock, which covers
+        choosing and patching a bound copy (patched in place, so two threads must not write one at once) and
+        the submit that signals the value; the value is reserved only once the work is queued."""
         dev = self.device
-        # One step under the device's lock (timeline_replay): reserving the value, choosing and patching a
-        # bound copy (patched in place, so two threads must not write one at once) and the submit that
-        # signals the value; the value is only reserved once the work is queued.
-        return dev.timeline_replay(lambda value: (value, self._replay(dev, var_vals, value)))
-
-    def _replay(self, dev: HCQDevice, var_vals: Mapping[UOp, int], value: int) -> HWQueue:
         vals = dict(var_vals)
         vals[TIMELINE_WAIT], vals[TIMELINE_SIGNAL] = value - 1, value
         k = self._next_copy
@@ -257,7 +254,7 @@ class HCQGraph:
             k = len(self.copies) - 1
         queue.submit(dev, vals)
         self._next_copy = (k + 1) % len(self.copies)
-        return queue
+        return value, queue
 
 
 def plan_arena(sizes: Sequence[int], lifetimes: Sequence[tuple[int, int]],
