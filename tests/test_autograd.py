@@ -165,7 +165,7 @@ REDUCTIONS: dict[str, Fn] = {
     "sum_all": lambda x: x.sum(), "sum_axis": lambda x: x.sum(1),
     "sum_axes_keep": lambda x: x.sum((0, 2), True),
     "mean": lambda x: x.mean(-1), "var": lambda x: x.var(1), "std": lambda x: x.std((0, 1)),
-    "max_axis": lambda x: x.max(1), "min_axis": lambda x: x.min(2), "max_all": lambda x: x.max(),
+    "max_axis": lambda x: x.max(axis=1), "min_axis": lambda x: x.min(axis=2), "max_all": lambda x: x.max(),
     "prod": lambda x: x.prod(1), "logsumexp": lambda x: x.logsumexp(2), "cumsum": lambda x: x.cumsum(1),
     "softmax": lambda x: x.softmax(-1), "log_softmax": lambda x: x.log_softmax(1),
     "layernorm": lambda x: x.layernorm(), "norm2": lambda x: x.square().sum(-1).sqrt(),
@@ -179,7 +179,7 @@ def test_reduction(name: str, r: np.random.Generator) -> None:
 
 def test_max_ties_split_evenly() -> None:
     x = Tensor(np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]]), requires_grad=True)
-    (g,) = x.max(1).sum().gradient(x)
+    (g,) = x.max(axis=1).sum().gradient(x)
     np.testing.assert_allclose(g.numpy(), [[0, 0.5, 0.5, 0], [0.25, 0.25, 0.25, 0.25]])
 
 

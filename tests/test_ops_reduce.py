@@ -17,7 +17,7 @@ def test_sum_prod_max_min_mean_axes(data, check):
     for ax in AXES:
         for kd in (False, True):
             for name in ("sum", "prod", "max", "min", "mean"):
-                outs.append(getattr(t, name)(ax, keepdim=kd))
+                outs.append(getattr(t, name)(axis=ax, keepdim=kd))
                 exp.append(getattr(np, name)(r, axis=ax, keepdims=kd))
                 names.append(f"{name}(axis={ax}, keepdim={kd})")
     outs.append(t.sum(dim=1))
@@ -30,7 +30,7 @@ def test_sum_prod_max_min_mean_axes(data, check):
 def test_int_and_bool_reductions(dt, data, check):
     a = data((4, 6), dt)
     t = Tensor(a)
-    outs = [t.sum(), t.sum(0), t.prod(1), t.max(1), t.min(0), t.any(1), t.all(0), t.max(), t.min()]
+    outs = [t.sum(), t.sum(0), t.prod(1), t.max(axis=1), t.min(axis=0), t.any(1), t.all(0), t.max(), t.min()]
     assert outs[0].dtype == dtypes.int64 and outs[2].dtype == dtypes.int64  # torch sums ints to int64
     assert outs[3].dtype == dt and outs[5].dtype == dtypes.bool
     with np.errstate(over="ignore"):
@@ -43,7 +43,7 @@ def test_int_and_bool_reductions(dt, data, check):
 def test_half_reductions_accumulate_wide(dt, data, check):
     a = data((8, 64), dt, 0.0, 4.0)
     t = Tensor(a, dtype=dt)
-    outs = [t.sum(1), t.mean(0), t.max(1), t.var(1), t.softmax(-1)[0]]
+    outs = [t.sum(1), t.mean(0), t.max(axis=1), t.var(1), t.softmax(-1)[0]]
     assert all(o.dtype == dt for o in outs)
     x = a.astype(np.float64)
     e = np.exp(x[0] - x[0].max())
@@ -109,7 +109,7 @@ def test_zero_dim_and_empty_reductions(check):
     z = Tensor(3.0)
     e = Tensor.zeros(0, 3)
     outs = [z.sum(), z.sum(0), z.max(), z.mean(-1), e.sum(0), e.sum(), e.prod(0), e.any(0), e.all(),
-            e.sum(1), e.max(1), e.mean()]
+            e.sum(1), e.max(axis=1), e.mean()]
     with np.errstate(invalid="ignore"):
         three = np.float32(3)
         exp = [three, three, three, three, np.zeros(3), np.float32(0), np.ones(3), np.zeros(3, bool),
@@ -127,6 +127,6 @@ def test_long_row_reductions(rng: np.random.Generator) -> None:
     x = rng.standard_normal((3, 4096)).astype(np.float32)
     t = Tensor(x)
     np.testing.assert_allclose(t.sum(1).numpy(), x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-3)
-    np.testing.assert_array_equal(t.max(1).numpy(), x.max(1))
+    np.testing.assert_array_equal(t.max(axis=1).numpy(), x.max(1))
     ints = rng.integers(-1000, 1000, (2, 2048)).astype(np.int32)
     np.testing.assert_array_equal(Tensor(ints).sum(1).numpy(), ints.sum(1))

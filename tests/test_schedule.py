@@ -92,7 +92,7 @@ def test_expanded_computed_value_is_stored_not_recomputed():
 
 def test_realize_several_outputs_together():
     a, na = rand(10, 10)
-    x, y = a.sum(0), (a * 3).max(1)
+    x, y = a.sum(0), (a * 3).max(axis=1)
     GlobalCounters.reset()
     Tensor.realize(x, y)
     assert GlobalCounters.kernel_count == 2
@@ -118,7 +118,7 @@ def test_matmul_shapes_and_register_tiles():
 
 def test_compiled_matches_reference_interpreter(monkeypatch):
     a, na = rand(5, 7)
-    graph = lambda t: ((t * t).sum(1, keepdim=True) - t.max(0)).softmax(-1).cumsum(0)
+    graph = lambda t: ((t * t).sum(1, keepdim=True) - t.max(axis=0)).softmax(-1).cumsum(0)
     compiled = graph(a).numpy()
     monkeypatch.setenv("REFERENCE", "1")
     reference = graph(Tensor(na)).numpy()

@@ -32,6 +32,138 @@ def conv_transpose3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
     return x.conv_transpose3d(weight, bias, groups, stride, dilation, padding, output_padding)
 
 
+# ---------------------------------------------------------------------- activations and softmax
+def relu(x: Tensor, inplace: bool = False) -> Tensor:
+    return x.relu()
+
+
+def relu6(x: Tensor, inplace: bool = False) -> Tensor:
+    return x.relu6()
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    return x.gelu(approximate)
+
+
+def silu(x: Tensor, inplace: bool = False) -> Tensor:
+    return x.silu()
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return x.sigmoid()
+
+
+def tanh(x: Tensor) -> Tensor:
+    return x.tanh()
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    return x.leaky_relu(negative_slope)
+
+
+def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    return x.elu(alpha)
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    return x.softplus(beta, threshold)
+
+
+def mish(x: Tensor, inplace: bool = False) -> Tensor:
+    return x.mish()
+
+
+def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+    return x.hardtanh(min_val, max_val)
+
+
+def hardswish(x: Tensor, inplace: bool = False) -> Tensor:
+    return x.hardswish()
+
+
+def hardsigmoid(x: Tensor, inplace: bool = False) -> Tensor:
+    return x.hardsigmoid()
+
+
+def logsigmoid(x: Tensor) -> Tensor:
+    return x.logsigmoid()
+
+
+def softmax(x: Tensor, dim: int = -1, dtype: Any = None) -> Tensor:
+    """dim defaults to -1 (torch's implicit choice is deprecated)."""
+    return x.softmax(dim, dtype)
+
+
+def log_softmax(x: Tensor, dim: int = -1, dtype: Any = None) -> Tensor:
+    return x.log_softmax(dim, dtype)
+
+
+def softmin(x: Tensor, dim: int = -1, dtype: Any = None) -> Tensor:
+    return x.softmin(dim, dtype)
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    return x.normalize(p, dim, eps)
+
+
+# ---------------------------------------------------------------------- layers as functions
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias, weight (out_features, in_features) as torch (Tensor.linear takes (in, out))."""
+    y = x.matmul(weight.transpose(-1, -2)) if weight.ndim >= 2 else x * weight
+    return y if bias is None else y + bias
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Identity unless training (the flag, not Tensor.training, decides here, as torch)."""
+    if not training or p == 0:
+        return x
+    was = Tensor.training
+    Tensor.training = True
+    try:
+        return x.dropout(p)
+    finally:
+        Tensor.training = was
+
+
+def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 one-hot; num_classes=-1 takes max(x) + 1 (reads x back to the host)."""
+    if num_classes < 0:
+        num_classes = int(x.max().item()) + 1 if x.numel() else 0
+    return x.one_hot(num_classes)
+
+
+def embedding(x: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """weight[x] (padding_idx only matters for gradients in torch; it is accepted and ignored)."""
+    return x.embedding(weight)
+
+
+def layer_norm(x: Tensor, normalized_shape: IntOrSeq, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    return x.layer_norm(normalized_shape, weight, bias, eps)
+
+
+def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
+           padding: Any = 0, dilation: IntOrSeq = 1, groups: int = 1) -> Tensor:
+    """torch.nn.functional.conv1d's argument order over `Tensor.conv2d` (tinygrad's order)."""
+    return x.conv2d(weight, bias, groups, stride, dilation, padding)
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
+           padding: Any = 0, dilation: IntOrSeq = 1, groups: int = 1) -> Tensor:
+    """torch.nn.functional.conv2d: (input, weight, bias, stride, padding, dilation, groups)."""
+    return x.conv2d(weight, bias, groups, stride, dilation, padding)
+
+
+def conv3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
+           padding: Any = 0, dilation: IntOrSeq = 1, groups: int = 1) -> Tensor:
+    return x.conv2d(weight, bias, groups, stride, dilation, padding)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+    return q.scaled_dot_product_attention(k, v, attn_mask, dropout_p, is_causal)
+
+
 # ---------------------------------------------------------------------- pooling (torch's argument order)
 def max_pool1d(x: Tensor, kernel_size: IntOrSeq, stride: IntOrSeq | None = None, padding: IntOrSeq = 0,
                dilation: IntOrSeq = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:

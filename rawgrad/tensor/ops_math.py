@@ -263,7 +263,7 @@ class MathOps:
         def fn(x: Tensor) -> Tensor:
             ax = x.abs()
             if p == math.inf:
-                norm = ax.max(dim, keepdim=True).maximum(eps)
+                norm = ax._max(dim, keepdim=True).maximum(eps)
             elif p == 1:
                 norm = ax.sum(dim, keepdim=True).maximum(eps)
             elif p == 2:  # max(sqrt(s), eps) as sqrt(max(s, eps^2)): no sqrt'(0) = inf for a zero row
@@ -338,11 +338,11 @@ class MathOps:
         key, lower = _order_key(xj, largest), j <= i
         nan = key.isnan() if key.dtype.is_float else None
         pool = lower if nan is None else lower & nan.logical_not()
-        best = pool.where(key, _lowest(key.dtype)).max(-1, keepdim=True)  # (..., i, 1), NaNs left out
+        best = pool.where(key, _lowest(key.dtype))._max(-1, keepdim=True)  # (..., i, 1), NaNs left out
         hit = lower & (key == best)
         if nan is not None:
             hit = (lower & nan).any(-1, keepdim=True).where(lower & nan, hit)
-        idx = hit.where(j, 0).max(-1)
+        idx = hit.where(j, 0)._max(-1)
         return ValuesIndices(_take_last(xt, idx).transpose(ax, -1), idx.transpose(ax, -1))
 
     def cummax(self: Tensor, dim: int) -> ValuesIndices:
@@ -362,7 +362,7 @@ class MathOps:
         def fn(x: Tensor) -> Tensor:
             _, xj, i, j = _pairs(x.transpose(ax, -1))
             lower = j <= i
-            m = lower.where(xj, -math.inf).max(-1, keepdim=True)
+            m = lower.where(xj, -math.inf)._max(-1, keepdim=True)
             m = m.isinf().where(0, m).detach()  # an all -inf (or +inf) prefix must not give inf - inf
             s = lower.where(xj - m, -math.inf).exp().sum(-1).log() + m.squeeze(-1)
             return s.transpose(ax, -1)
@@ -500,3 +500,272 @@ class MathOps:
             raise ValueError(f"unfold: size {size} exceeds dim {ax} of shape {self.shape}")
         w = self._windows(ax, size, step, 1)  # (..., out, size, ...)
         return w.permute([i for i in range(w.ndim) if i != ax + 1] + [ax + 1])
+
+    # ------------------------------------------------------------------ torch habits: reductions
+    def amax(self: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The values-only max over dim (an int, a tuple, or None for all)."""
+        return self._max(dim, keepdim)
+
+    def amin(self: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The values-only min over dim (an int, a tuple, or None for all)."""
+        return self._min(dim, keepdim)
+
+    def median(self: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+        """torch's median: the lower of the two middle values for an even count. No dim -> a 0-d tensor
+        over all elements; a dim -> (values, indices). NaN sorts last (torch propagates it instead)."""
+        if dim is None:
+            flat = self.flatten()
+            return flat.sort(0).values[(flat.shape[0] - 1) // 2]
+        ax = self._axis(dim)
+        mid = (self.shape[ax] - 1) // 2
+        s = self.sort(ax)
+        pick = (slice(None),) * ax + (slice(mid, mid + 1),)
+        v, i = s.values[pick], s.indices[pick]
+        return ValuesIndices(v, i) if keepdim else ValuesIndices(v.squeeze(ax), i.squeeze(ax))
+
+    def mode(self: Tensor, dim: int = -1, keepdim: bool = False) -> ValuesIndices:
+        """torch's mode along dim: the most frequent value (the smallest on a tie) and the last index
+        where it occurs. O(n^2) compares per row, as sort."""
+        from rawgrad.tensor.tensor import Tensor
+        ax = self._axis(dim) if self.ndim else 0
+        x = (self.reshape(1) if self.ndim == 0 else self).transpose(ax, -1)
+        a, b, _, j = _pairs(x)
+        counts = _same(a, b).cast(dtypes.int32).sum(-1)  # (..., n): how often x[i] occurs
+        best = counts._max(-1, keepdim=True)
+        key = _order_key(x, largest=False)  # max of key = the smallest value
+        chosen = (counts == best).where(key, _lowest(key.dtype))._max(-1, keepdim=True)
+        hit = (counts == best) & (key == chosen)
+        n = x.shape[-1]
+        pos = Tensor.arange(n, dtype=dtypes.int64, device=self.device)
+        values = hit.where(x, x._const(0))._max(-1, keepdim=True) if x.dtype.is_bool else \
+            _take_last(x, hit.where(pos, -1)._max(-1, keepdim=True))
+        idx = (_same(x, values) & (j[..., 0, :] >= 0)).where(pos, -1)._max(-1, keepdim=True)
+        values, idx = values.transpose(ax, -1), idx.transpose(ax, -1)
+        if self.ndim == 0:
+            return ValuesIndices(values.reshape(()), idx.reshape(()))
+        return ValuesIndices(values, idx) if keepdim else ValuesIndices(values.squeeze(ax), idx.squeeze(ax))
+
+    def norm(self: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False,
+             dtype: DTypeLike | None = None) -> Tensor:
+        """torch's vector norm over dim (all elements when None): p in 'fro'/2, inf, -inf, 0, or any
+        other number (sum |x|^p)^(1/p)."""
+        x = self if dtype is None else self.cast(to_dtype(dtype))
+        a = x.abs()
+        if p in ("fro", 2, 2.0):
+            return a._float_fn(lambda v: v.square().sum(dim, keepdim).sqrt())
+        if p == math.inf:
+            return a._max(dim, keepdim)
+        if p == -math.inf:
+            return a._min(dim, keepdim)
+        if p == 0:
+            return (a != 0).cast(least_upper_float(x.dtype)).sum(dim, keepdim)
+        if isinstance(p, str):
+            raise ValueError(f"norm: p={p!r} is not supported (only vector norms)")
+        return a._float_fn(lambda v: (v ** p).sum(dim, keepdim) ** (1.0 / p))
+
+    def equal(self: Tensor, other: Tensor) -> bool:
+        """torch.equal: same shape and every element equal (a Python bool)."""
+        return self.shape == other.shape and bool((self == other).all().item())
+
+    # ------------------------------------------------------------------ torch habits: shape
+    def t(self: Tensor) -> Tensor:
+        """Transpose a tensor of at most 2 dims (torch's t)."""
+        if self.ndim > 2:
+            raise ValueError(f"t() expects a tensor with <= 2 dims, got shape {self.shape}")
+        return self if self.ndim < 2 else self.transpose(0, 1)
+
+    @property
+    def mT(self: Tensor) -> Tensor:  # noqa: N802 (torch's name)
+        """The last two dims swapped."""
+        if self.ndim < 2:
+            raise ValueError(f"mT needs at least 2 dims, got shape {self.shape}")
+        return self.transpose(-2, -1)
+
+    def dim(self: Tensor) -> int:
+        """The number of dims (torch's dim(); ndim is the property)."""
+        return self.ndim
+
+    def ndimension(self: Tensor) -> int:
+        return self.ndim
+
+    def nelement(self: Tensor) -> Any:
+        return self.numel()
+
+    def view_as(self: Tensor, other: Tensor) -> Tensor:
+        return self.view(other.shape)
+
+    def reshape_as(self: Tensor, other: Tensor) -> Tensor:
+        return self.reshape(other.shape)
+
+    def unbind(self: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+        """The slices along dim, that dim removed."""
+        ax = self._axis(dim)
+        return tuple(self[(slice(None),) * ax + (i,)] for i in range(self.shape[ax]))
+
+    def narrow(self: Tensor, dim: int, start: Any, length: int) -> Tensor:
+        """The length elements from start along dim (a negative start counts from the end)."""
+        ax = self._axis(dim)
+        start = int(start.item()) if hasattr(start, "item") and not isinstance(start, int) else start
+        if start < 0:
+            start += self.shape[ax]
+        if start < 0 or length < 0 or start + length > self.shape[ax]:
+            raise IndexError(f"narrow: start {start}, length {length} out of range for dim {ax} of "
+                             f"shape {self.shape}")
+        return self[(slice(None),) * ax + (slice(start, start + length),)]
+
+    def index_select(self: Tensor, dim: int, index: Tensor) -> Tensor:
+        """The entries along dim at a 1-d (or 0-d) int index."""
+        from rawgrad.tensor.tensor import Tensor
+        idx = index if isinstance(index, Tensor) else Tensor(np.asarray(index, np.int64), device=self.device)
+        if idx.ndim > 1:
+            raise ValueError(f"index_select needs a 1-d index, got shape {idx.shape}")
+        if not idx.dtype.is_int:
+            raise TypeError(f"index_select needs an int index, got {idx.dtype}")
+        ax = self._axis(dim) if self.ndim else 0
+        x = self.reshape(1) if self.ndim == 0 else self
+        out = x.transpose(0, ax)._take_rows(idx.reshape(-1)).transpose(0, ax)
+        return out.reshape(()) if self.ndim == 0 else out
+
+    # ------------------------------------------------------------------ torch habits: math aliases
+    def clamp_min(self: Tensor, min: Any) -> Tensor:  # noqa: A002 (torch's name)
+        return self.clip(min, None)
+
+    def clamp_max(self: Tensor, max: Any) -> Tensor:  # noqa: A002 (torch's name)
+        return self.clip(None, max)
+
+    def true_divide(self: Tensor, other: Any) -> Tensor:
+        return self.div(other)
+
+    def mm(self: Tensor, other: Tensor) -> Tensor:
+        """2-d @ 2-d."""
+        if self.ndim != 2 or other.ndim != 2:
+            raise ValueError(f"mm needs 2-d tensors, got {self.shape} and {other.shape}")
+        return self.matmul(other)
+
+    def bmm(self: Tensor, other: Tensor) -> Tensor:
+        """3-d @ 3-d with the same batch size."""
+        if self.ndim != 3 or other.ndim != 3 or self.shape[0] != other.shape[0]:
+            raise ValueError(f"bmm needs 3-d tensors with one batch size, got {self.shape} and {other.shape}")
+        return self.matmul(other)
+
+    def mv(self: Tensor, vec: Tensor) -> Tensor:
+        """2-d @ 1-d."""
+        if self.ndim != 2 or vec.ndim != 1:
+            raise ValueError(f"mv needs a 2-d and a 1-d tensor, got {self.shape} and {vec.shape}")
+        return self.matmul(vec)
+
+    def outer(self: Tensor, vec2: Tensor) -> Tensor:
+        """The outer product of two 1-d tensors."""
+        if self.ndim != 1 or vec2.ndim != 1:
+            raise ValueError(f"outer needs 1-d tensors, got {self.shape} and {vec2.shape}")
+        return self.unsqueeze(1) * vec2.unsqueeze(0)
+
+    def ger(self: Tensor, vec2: Tensor) -> Tensor:
+        return self.outer(vec2)
+
+    def type(self: Tensor, dtype: DTypeLike | None = None) -> Any:
+        """type(dtype) casts (torch); type() names the dtype."""
+        if dtype is None:
+            return f"rawgrad.{self.dtype.name}"
+        return self.cast(to_dtype(dtype))
+
+    # ------------------------------------------------------------------ torch habits: constructors
+    def new_full(self: Tensor, size: Any, fill_value: Any, dtype: DTypeLike | None = None,
+                 device: str | None = None, requires_grad: bool = False) -> Tensor:
+        """A tensor of size filled with fill_value, self's dtype and device unless given."""
+        from rawgrad.tensor.tensor import Tensor
+        if isinstance(size, tuple) and len(size) == 1 and isinstance(size[0], (tuple, list)):
+            size = size[0]  # new_zeros((2, 3)) as well as new_zeros(2, 3)
+        shape = tuple(size) if isinstance(size, (tuple, list)) else (size,)
+        return Tensor.full(shape, fill_value, dtype or self.dtype, device or self.device,
+                           requires_grad or None)
+
+    def new_zeros(self: Tensor, *size: Any, dtype: DTypeLike | None = None, device: str | None = None,
+                  requires_grad: bool = False) -> Tensor:
+        return self.new_full(size, 0, dtype, device, requires_grad)
+
+    def new_ones(self: Tensor, *size: Any, dtype: DTypeLike | None = None, device: str | None = None,
+                 requires_grad: bool = False) -> Tensor:
+        return self.new_full(size, 1, dtype, device, requires_grad)
+
+    def new_empty(self: Tensor, *size: Any, dtype: DTypeLike | None = None, device: str | None = None,
+                  requires_grad: bool = False) -> Tensor:
+        return self.new_full(size, 0, dtype, device, requires_grad)
+
+    def new_tensor(self: Tensor, data: Any, dtype: DTypeLike | None = None, device: str | None = None,
+                   requires_grad: bool = False) -> Tensor:
+        """A new tensor of data, self's dtype and device unless given (torch's default)."""
+        from rawgrad.tensor.tensor import Tensor
+        if isinstance(data, Tensor):
+            data = data.numpy()
+        return Tensor(data, dtype=dtype or self.dtype, device=device or self.device,
+                      requires_grad=requires_grad or None)
+
+    # ------------------------------------------------------------------ torch habits: in-place forms
+    def _inplace(self: Tensor, value: Tensor) -> Tensor:
+        """Write value into self (assign, cast to self's dtype) and return self, as torch's `op_`."""
+        self.assign(value.cast(self.dtype) if value.dtype != self.dtype else value)
+        return self
+
+    def add_(self: Tensor, other: Any, alpha: Any = 1) -> Tensor:
+        return self._inplace(self.add(other, alpha))
+
+    def sub_(self: Tensor, other: Any, alpha: Any = 1) -> Tensor:
+        return self._inplace(self.sub(other, alpha))
+
+    def mul_(self: Tensor, other: Any) -> Tensor:
+        return self._inplace(self.mul(other))
+
+    def div_(self: Tensor, other: Any, rounding_mode: str | None = None) -> Tensor:
+        return self._inplace(self.div(other, rounding_mode))
+
+    def pow_(self: Tensor, exponent: Any) -> Tensor:
+        return self._inplace(self.pow(exponent))
+
+    def zero_(self: Tensor) -> Tensor:
+        return self._inplace(self.zeros_like())
+
+    def fill_(self: Tensor, value: Any) -> Tensor:
+        return self._inplace(self.full_like(value.item() if hasattr(value, "item") else value))
+
+    def copy_(self: Tensor, src: Any) -> Tensor:
+        return self._inplace(self._as_tensor(src).to(self.device))
+
+    def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 (torch's names)
+        return self._inplace(self.clip(min, max))
+
+    def clip_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 (torch's names)
+        return self._inplace(self.clip(min, max))
+
+    def masked_fill_(self: Tensor, mask: Tensor, value: Any) -> Tensor:
+        return self._inplace(self.masked_fill(mask, value))
+
+    def abs_(self: Tensor) -> Tensor:
+        return self._inplace(self.abs())
+
+    def neg_(self: Tensor) -> Tensor:
+        return self._inplace(self.neg())
+
+    def exp_(self: Tensor) -> Tensor:
+        return self._inplace(self.exp())
+
+    def sqrt_(self: Tensor) -> Tensor:
+        return self._inplace(self.sqrt())
+
+    def relu_(self: Tensor) -> Tensor:
+        return self._inplace(self.relu())
+
+    def sigmoid_(self: Tensor) -> Tensor:
+        return self._inplace(self.sigmoid())
+
+    def tanh_(self: Tensor) -> Tensor:
+        return self._inplace(self.tanh())
+
+    def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
+        from rawgrad.tensor.tensor import Tensor
+        return self._inplace(Tensor.uniform(*self.shape, low=a, high=b, dtype=self.dtype, device=self.device))
+
+    def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        from rawgrad.tensor.tensor import Tensor
+        return self._inplace(Tensor.normal(*self.shape, mean=mean, std=std, dtype=self.dtype,
+                                           device=self.device))

@@ -136,7 +136,7 @@ class NNOps:
         vals = sv.transpose(d, -1).unsqueeze(-2).pad(grow)._broadcast_to(hit.shape)
         if reduce is None:  # the last hit along dim lands
             pos = Tensor.arange(m, device=x.device)
-            last = hit.where(pos, -1).max(-1, keepdim=True)
+            last = hit.where(pos, -1)._max(-1, keepdim=True)
             out = _masked_sum(hit & (pos == last), vals, (hit.ndim - 1,))
             return hit.any(-1).where(out, xt).transpose(d, -1)
         if include_self:
@@ -152,9 +152,9 @@ class NNOps:
         elif reduce == "prod":
             out = hit.where(vals, True if dt.is_bool else 1).prod(ax, dtype=dt)
         elif reduce == "amax":
-            out = hit.where(vals, _extreme(dt, False)).max(ax)
+            out = hit.where(vals, _extreme(dt, False))._max(ax)
         else:
-            out = hit.where(vals, _extreme(dt, True)).min(ax)
+            out = hit.where(vals, _extreme(dt, True))._min(ax)
         return hit.any(ax).where(out.cast(dt), xt).transpose(d, -1)
 
     def scatter(self, dim: int, index: Tensor, src: Any = None, reduce: str | None = None, *,

@@ -40,7 +40,7 @@ from rawgrad.hcq.device import Device  # noqa: E402
 from rawgrad.tensor import autograd as _autograd
 from rawgrad.tensor import realize as _realize
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, is_allocated, new_buffer, writable_view
-from rawgrad.tensor.ops_math import MathOps
+from rawgrad.tensor.ops_math import MathOps, ValuesIndices
 from rawgrad.tensor.ops_nn import NNOps
 
 # the default device: DEV from the environment, else the best device the registry detects
@@ -809,7 +809,12 @@ class Tensor(MathOps, NNOps):
     def tolist(self) -> Any:
         return self.numpy().tolist()
 
-    def to(self, device: str | None = None, dtype: DTypeLike | None = None) -> Tensor:
+    def to(self, device: Any = None, dtype: DTypeLike | None = None) -> Tensor:
+        """torch's forms: to(device), to(dtype), to(device, dtype), to(other_tensor)."""
+        if isinstance(device, Tensor):
+            device, dtype = device.device, device.dtype
+        elif isinstance(device, DType):
+            device, dtype = None, device
         x = self if dtype is None else self.cast(to_dtype(dtype))
         dev = _canon_device(device) if device is not None else self.device
         return x if dev == x.device else Tensor(UOp(Ops.COPY, x.dtype, (x.uop,), dev))
@@ -1456,21 +1461,40 @@ class Tensor(MathOps, NNOps):
         axis = dim if dim is not None else axis
         return self.cast(self._acc_dtype(self.dtype, dtype))._reduce(Ops.MUL, axis, keepdim)
 
-    def max(self, axis: Axis = None, keepdim: bool = False, *, dim: Axis = None) -> Tensor:
-        axis = dim if dim is not None else axis
+    def max(self, dim: Any = None, keepdim: bool = False, *, axis: Axis = None) -> Any:
+        """torch's max: no dim -> the 0-d maximum; an int dim (positional or dim=) -> a (values, indices)
+        named tuple, indices the first position of the maximum as argmax; a Tensor -> the elementwise
+        maximum (torch.max(a, b)). tinygrad's values-only reduction is `max(axis=..., keepdim=...)`
+        (keyword axis, an int or a tuple) or amax; a tuple dim also reduces to values only."""
+        if isinstance(dim, Tensor):
+            return self.maximum(dim)
+        if axis is None and isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
+            return ValuesIndices(self._max(int(dim), keepdim), self.argmax(int(dim), keepdim))
+        return self._max(axis if axis is not None else dim, keepdim)
+
+    def min(self, dim: Any = None, keepdim: bool = False, *, axis: Axis = None) -> Any:
+        """torch's min; the forms as `max` (values-only: `min(axis=...)` or amin)."""
+        if isinstance(dim, Tensor):
+            return self.minimum(dim)
+        if axis is None and isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
+            return ValuesIndices(self._min(int(dim), keepdim), self.argmin(int(dim), keepdim))
+        return self._min(axis if axis is not None else dim, keepdim)
+
+    def _max(self, axis: Axis = None, keepdim: bool = False) -> Tensor:
+        """The values-only max reduction (what internal code calls)."""
         self._no_empty(axis, "max")
         if self.dtype.is_bool:  # reduce bools as bytes: a 1-bit MAX is not what every backend means
             return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
         return self._reduce(Ops.MAX, axis, keepdim)
 
-    def min(self, axis: Axis = None, keepdim: bool = False, *, dim: Axis = None) -> Tensor:
-        axis = dim if dim is not None else axis
+    def _min(self, axis: Axis = None, keepdim: bool = False) -> Tensor:
+        """The values-only min reduction."""
         self._no_empty(axis, "min")
         if self.dtype.is_bool:
-            return self.logical_not().max(axis, keepdim).logical_not()
+            return self.logical_not()._max(axis, keepdim).logical_not()
         if self.dtype.is_int:
-            return ~((~self).max(axis, keepdim))
-        return -((-self).max(axis, keepdim))
+            return ~((~self)._max(axis, keepdim))
+        return -((-self)._max(axis, keepdim))
 
     def any(self, axis: Axis = None, keepdim: bool = False, *, dim: Axis = None) -> Tensor:
         axis = dim if dim is not None else axis
@@ -1489,9 +1513,12 @@ class Tensor(MathOps, NNOps):
         return self._float_fn(lambda x: x.sum(axis, keepdim) / n)
 
     def var(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1, *,
-            dim: Axis = None) -> Tensor:
-        """Variance with Bessel's correction by default (torch's correction=1)."""
+            dim: Axis = None, unbiased: bool | None = None) -> Tensor:
+        """Variance with Bessel's correction by default (torch's correction=1; unbiased=False is
+        correction=0). The second positional argument is keepdim (tinygrad's order), not unbiased."""
         axis = dim if dim is not None else axis
+        if unbiased is not None:
+            correction = 1 if unbiased else 0
         n = self._count(axis)
 
         def fn(x: Tensor) -> Tensor:
@@ -1503,8 +1530,8 @@ class Tensor(MathOps, NNOps):
         return self._float_fn(fn)
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1, *,
-            dim: Axis = None) -> Tensor:
-        return self.var(axis, keepdim, correction, dim=dim).sqrt()
+            dim: Axis = None, unbiased: bool | None = None) -> Tensor:
+        return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
 
     def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1) \
             -> tuple[Tensor, Tensor]:
@@ -1525,13 +1552,13 @@ class Tensor(MathOps, NNOps):
             return Tensor._full((), 0, dtypes.int64, self.device)
         self._no_empty(ax, "argmax")
         n = self.shape[ax]
-        hit = self == self.max(ax, keepdim=True)
+        hit = self == self._max(ax, keepdim=True)
         if self.dtype.is_float:
             hit = hit | self.isnan()
         # n - i is largest for the first hit, so a MAX finds it
         rev = (n - Tensor.arange(n, dtype=dtypes.int64, device=self.device))
         rev = rev.reshape((n,) + (1,) * (self.ndim - ax - 1))
-        return n - hit.where(rev, 0).max(ax, keepdim)
+        return n - hit.where(rev, 0)._max(ax, keepdim)
 
     def argmin(self, axis: int | None = None, keepdim: bool = False, *, dim: int | None = None) -> Tensor:
         flipped = self.logical_not() if self.dtype.is_bool else ~self if self.dtype.is_int else -self
@@ -1541,7 +1568,7 @@ class Tensor(MathOps, NNOps):
         axis = dim if dim is not None else axis
 
         def fn(x: Tensor) -> Tensor:
-            m = x.max(axis, keepdim=True)
+            m = x._max(axis, keepdim=True)
             m = m.isinf().where(0, m)  # all -inf (or an inf) must not turn into inf - inf = NaN
             s = (x - m).exp().sum(axis, keepdim=True).log() + m
             return s if keepdim else s.reshape(tuple(d for i, d in enumerate(x.shape)
@@ -1553,7 +1580,7 @@ class Tensor(MathOps, NNOps):
         x = self if dtype is None else self.cast(to_dtype(dtype))
 
         def fn(v: Tensor) -> Tensor:
-            e = (v - v.max(axis, keepdim=True)).exp()
+            e = (v - v._max(axis, keepdim=True)).exp()
             return e / e.sum(axis, keepdim=True)
         return x._float_fn(fn)
 
@@ -1563,7 +1590,7 @@ class Tensor(MathOps, NNOps):
         x = self if dtype is None else self.cast(to_dtype(dtype))
 
         def fn(v: Tensor) -> Tensor:
-            z = v - v.max(axis, keepdim=True)
+            z = v - v._max(axis, keepdim=True)
             return z - z.exp().sum(axis, keepdim=True).log()
         return x._float_fn(fn)
 
@@ -1730,7 +1757,11 @@ class Tensor(MathOps, NNOps):
             return self
         return Tensor(UOp(Ops.SHRINK, self.dtype, (self.uop,), norm))
 
-    def flip(self, *dims: Any) -> Tensor:
+    def flip(self, *dims: Any, **kw: Any) -> Tensor:
+        if "dims" in kw:  # torch's keyword
+            dims = (kw.pop("dims"),)
+        if kw:
+            raise ArgumentTypeError(f"flip got unexpected keyword arguments {sorted(kw)}")
         d = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
         axes = self._axes(d)
         if not axes:
@@ -2308,7 +2339,7 @@ class Tensor(MathOps, NNOps):
             else int(np.iinfo(self.dtype.np).min)
         axes = tuple(range(self.ndim, self.ndim + n))
         win = self.pad([(0, 0)] * (self.ndim - n) + pads, value=low)._pool(k, st, dl)
-        out = win.max(axes)
+        out = win._max(axes)
         if not return_indices:
             return out
         plane = int(_prod(spatial))
@@ -2319,7 +2350,7 @@ class Tensor(MathOps, NNOps):
         hit = win == out.reshape(out.shape + (1,) * n)
         if self.dtype.is_float:
             hit = hit | win.isnan()
-        return out, hit.where(pos, plane).min(axes).cast(dtypes.int64)
+        return out, hit.where(pos, plane)._min(axes).cast(dtypes.int64)
 
     def max_pool2d(self, kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1, padding: Any = 0,
                    ceil_mode: bool = False, return_indices: bool = False) -> Any:
