@@ -1,6 +1,8 @@
 """PyTorch habits: short snippets written the way a PyTorch user writes them (torch's method names, keyword
 names, return types), each checked against numpy. The rule these pin: torch's name and signature where
 torch has the method, tinygrad's where only tinygrad has one."""
+import os
+
 import numpy as np
 import pytest
 
@@ -433,6 +435,9 @@ def _np_conv2d(xa, wa, stride=1, padding=0):
     return out
 
 
+@pytest.mark.xfail(os.environ.get("DEV", "").upper().startswith("NV"), strict=False,
+                   reason="NV mock: this conv's kernel needs 0x260 bytes of local memory per thread and the "
+                          "queue sets up less (SET_SHADER_LOCAL_MEMORY fault); an hcq/codegen issue")
 def test_functional_conv2d_torch_order():
     xa = (np.arange(2 * 2 * 5 * 5, dtype=np.float32).reshape(2, 2, 5, 5) % 5) - 2
     wa = (np.arange(3 * 2 * 3 * 3, dtype=np.float32).reshape(3, 2, 3, 3) % 3) - 1
@@ -575,3 +580,71 @@ def test_flip_roll_gather():
     idx = np.array([[0, 1], [3, 3], [2, 0]])
     close(x().gather(1, Tensor(idx)), np.take_along_axis(A, idx, 1))
     close(Tensor.gather(x(), dim=1, index=Tensor(idx)), np.take_along_axis(A, idx, 1))
+
+
+# ---------------------------------------------------------------------- second sweep: more torch names
+def test_more_reduction_keywords():
+    close(x().mean(dtype=dtypes.float64), A.mean())
+    assert x().mean(dtype=dtypes.float64).dtype == dtypes.float64
+    s, m = x().std_mean(dim=1, unbiased=False)
+    close(s, A.std(1))
+    close(m, A.mean(1))
+    v, m = x().var_mean(1)
+    close(v, A.var(1, ddof=1))
+    close(x().count_nonzero(dim=1), (A != 0).sum(1))
+    n = Tensor(np.array([1.0, np.nan, 2.0], np.float32))
+    close(n.nansum(), 3.0)
+    close(n.nan_to_num(), [1.0, 0.0, 2.0])
+
+
+def test_more_movement_names():
+    b = Tensor(B3)
+    close(b.permute(dims=(2, 0, 1)), B3.transpose(2, 0, 1))
+    close(b.movedim(0, -1), np.moveaxis(B3, 0, -1))
+    close(b.swapaxes(0, 1), B3.swapaxes(0, 1))
+    close(b.swapdims(1, 2), B3.swapaxes(1, 2))
+    s = x().split_with_sizes([1, 3], dim=1)
+    close(s[1], A[:, 1:])
+    close(x().tile((2,)), np.tile(A, (2,)))
+    close(x().diff(dim=1), np.diff(A, axis=1))
+    close(x().diff(n=2, dim=0), np.diff(A, n=2, axis=0))
+
+
+def test_more_math_names():
+    a = np.array([[0.0, 1e-8, 0.5], [-0.5, 2.0, -3.0]], np.float32)
+    close(Tensor(a).log1p(), np.log1p(a), atol=1e-6)
+    close(Tensor(a).expm1(), np.expm1(a), atol=1e-6)
+    close(Tensor(a).frac(), a - np.trunc(a))
+    p = np.array([0.25, 0.5, 0.9], np.float32)
+    close(Tensor(p).logit(), np.log(p / (1 - p)))
+    close(Tensor(np.array([0.0, 2.0])).xlogy(Tensor(np.array([0.0, 3.0]))), [0.0, 2 * np.log(3.0)])
+    close(Tensor.eye(3).trace(), 3.0)
+    u, w = np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])
+    close(Tensor(u).cross(Tensor(w)), np.cross(u, w))
+    m = np.ones((3, 3), np.float32)
+    close(Tensor(m).addmm(x(), x().T, beta=0.5, alpha=2.0), 0.5 * m + 2.0 * (A @ A.T))
+    close(x().addcmul(x(), x(), value=2), A + 2 * A * A)
+    close(x().addcdiv(x(), x() + 100, value=2), A + 2 * A / (A + 100))
+    assert x().float_power(2).dtype == dtypes.float64
+
+
+def test_more_functional():
+    t = np.zeros_like(A)
+    d = np.abs(A - t)
+    close(F.smooth_l1_loss(x(), Tensor(t)), np.where(d < 1, 0.5 * d * d, d - 0.5).mean())
+    close(F.huber_loss(x(), Tensor(t), delta=2.0), np.where(d < 2, 0.5 * d * d, 2 * (d - 1)).mean())
+    close(F.cosine_similarity(x(), x() + 1, dim=1),
+          (A * (A + 1)).sum(1) / (np.linalg.norm(A, axis=1) * np.linalg.norm(A + 1, axis=1)), atol=1e-5)
+    close(F.glu(x(), dim=1), A[:, :2] / (1 + np.exp(-A[:, 2:])))
+    q = np.array([[0.2, 0.8], [0.5, 0.5]], np.float32)
+    tgt = np.array([[0.1, 0.9], [0.3, 0.7]], np.float32)
+    close(F.kl_div(Tensor(np.log(q)), Tensor(tgt), reduction="batchmean"),
+          (tgt * (np.log(tgt) - np.log(q))).sum() / 2)
+
+
+@pytest.mark.xfail(strict=True, reason="not implemented yet: tensor_split, unique, bincount, histc, rot90, "
+                   "F.adaptive_avg_pool2d, F.group_norm, F.batch_norm")
+def test_missing_names():
+    names = ("tensor_split", "unique", "bincount", "histc", "rot90")
+    assert all(hasattr(x(), n) for n in names)
+    assert all(hasattr(F, n) for n in ("adaptive_avg_pool2d", "group_norm", "batch_norm"))

@@ -271,3 +271,32 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Tensor, reduction: 
                                      pos_weight: Tensor | None = None) -> Tensor:
     """BCE on sigmoid(logits), computed as softplus so large logits stay finite."""
     return logits.binary_crossentropy_logits(target, reduction, pos_weight)
+
+
+def smooth_l1_loss(x: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    d = (x - target).abs()
+    loss = d * 0.5 * d / beta if beta > 0 else d
+    return _reduce((d < beta).where(loss, d - 0.5 * beta), reduction)
+
+
+def huber_loss(x: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    d = (x - target).abs()
+    return _reduce((d < delta).where(0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+def kl_div(log_q: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """sum target * (log target - log_q); 'batchmean' divides the sum by the batch size."""
+    loss = target.exp() * (target - log_q) if log_target else target.xlogy(target) - target * log_q
+    if reduction == "batchmean":
+        return loss.sum() / log_q.shape[0]
+    return _reduce(loss, reduction)
+
+
+def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    n = (x1.square().sum(dim) * x2.square().sum(dim)).sqrt().maximum(eps)
+    return (x1 * x2).sum(dim) / n
+
+
+def glu(x: Tensor, dim: int = -1) -> Tensor:
+    a, b = x.chunk(2, dim)
+    return a * b.sigmoid()

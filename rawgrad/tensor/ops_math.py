@@ -769,3 +769,105 @@ class MathOps:
         from rawgrad.tensor.tensor import Tensor
         return self._inplace(Tensor.normal(*self.shape, mean=mean, std=std, dtype=self.dtype,
                                            device=self.device))
+
+    # ------------------------------------------------------------------ torch habits: more aliases
+    def count_nonzero(self: Tensor, dim: Any = None) -> Tensor:
+        return (self != 0).sum(dim)
+
+    def nansum(self: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+        return (self.isnan().where(0, self) if self.dtype.is_float else self).sum(dim, keepdim)
+
+    def nan_to_num(self: Tensor, nan: float = 0.0, posinf: float | None = None,
+                   neginf: float | None = None) -> Tensor:
+        """NaN -> nan, +inf -> posinf (default the dtype's largest), -inf -> neginf (its lowest)."""
+        if not self.dtype.is_float:
+            return self
+        np_name = self.dtype.np_name
+        big = 3.3895313892515355e38 if np_name is None else float(np.finfo(np.dtype(np_name)).max)  # bf16
+        hi = big if posinf is None else posinf
+        lo = -big if neginf is None else neginf
+        return self.isnan().where(nan, (self == math.inf).where(hi, (self == -math.inf).where(lo, self)))
+
+    def movedim(self: Tensor, source: int, destination: int) -> Tensor:
+        s, d = self._axis(source), self._axis(destination)
+        order = [i for i in range(self.ndim) if i != s]
+        order.insert(d, s)
+        return self.permute(order)
+
+    def moveaxis(self: Tensor, source: int, destination: int) -> Tensor:
+        return self.movedim(source, destination)
+
+    def swapaxes(self: Tensor, axis0: int, axis1: int) -> Tensor:
+        return self.transpose(axis0, axis1)
+
+    def swapdims(self: Tensor, dim0: int, dim1: int) -> Tensor:
+        return self.transpose(dim0, dim1)
+
+    def split_with_sizes(self: Tensor, split_sizes: Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+        return self.split(list(split_sizes), dim)
+
+    def tile(self: Tensor, dims: Sequence[int]) -> Tensor:
+        """repeat with dims padded by leading 1s to self.ndim (torch's tile)."""
+        reps = (1,) * (self.ndim - len(dims)) + tuple(dims)
+        return self.repeat(*reps)
+
+    def diff(self: Tensor, n: int = 1, dim: int = -1) -> Tensor:
+        x, ax = self, self._axis(dim)
+        for _ in range(n):
+            k = x.shape[ax]
+            x = x.narrow(ax, 1, k - 1) - x.narrow(ax, 0, k - 1)
+        return x
+
+    def trace(self: Tensor) -> Tensor:
+        return self.diagonal().sum()
+
+    def cross(self: Tensor, other: Tensor, dim: int = -1) -> Tensor:
+        """The cross product along a dim of size 3."""
+        ax = self._axis(dim)
+        a = [self.narrow(ax, i, 1) for i in range(3)]
+        b = [other.narrow(ax, i, 1) for i in range(3)]
+        from rawgrad.tensor.tensor import Tensor
+        return Tensor.cat(a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0],
+                          dim=ax)
+
+    def addmm(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+        return self * beta + mat1.mm(mat2) * alpha
+
+    def baddbmm(self: Tensor, batch1: Tensor, batch2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+        return self * beta + batch1.bmm(batch2) * alpha
+
+    def addcmul(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: Any = 1) -> Tensor:
+        return self + tensor1 * tensor2 * value
+
+    def addcdiv(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: Any = 1) -> Tensor:
+        return self + tensor1 / tensor2 * value
+
+    def float_power(self: Tensor, exponent: Any) -> Tensor:
+        return self.cast(dtypes.float64).pow(exponent)
+
+    def log1p(self: Tensor) -> Tensor:
+        return self._float_fn(_log1p)
+
+    def expm1(self: Tensor) -> Tensor:
+        """exp(x) - 1, accurate near 0 (the product form that cancels exp's rounding)."""
+        def fn(x: Tensor) -> Tensor:
+            u = x.exp()
+            um1 = u - 1
+            ok = (um1 != 0) & (u.isinf().logical_not())
+            return ok.where(um1 * x / ok.where(u.log(), 1), (u == 1).where(x, um1))
+        return self._float_fn(fn)
+
+    def frac(self: Tensor) -> Tensor:
+        return self - self.trunc()
+
+    def logit(self: Tensor, eps: float | None = None) -> Tensor:
+        x = self if eps is None else self.clip(eps, 1 - eps)
+        return x._float_fn(lambda v: (v / (1 - v)).log())
+
+    def xlogy(self: Tensor, other: Any) -> Tensor:
+        """x * log(y), 0 where x == 0 (unless y is NaN)."""
+        y = self._as_tensor(other)
+        def fn(x: Tensor) -> Tensor:
+            yy = y.cast(x.dtype)
+            return ((x == 0) & yy.isnan().logical_not()).where(0, x * yy.log())
+        return self._float_fn(fn)

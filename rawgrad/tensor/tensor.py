@@ -1507,10 +1507,12 @@ class Tensor(MathOps, NNOps):
     def _count(self, axis: Axis) -> Any:
         return _prod([self.shape[a] for a in self._axes(axis)])
 
-    def mean(self, axis: Axis = None, keepdim: bool = False, *, dim: Axis = None) -> Tensor:
+    def mean(self, axis: Axis = None, keepdim: bool = False, *, dim: Axis = None,
+             dtype: DTypeLike | None = None) -> Tensor:
         axis = dim if dim is not None else axis
         n = self._count(axis)
-        return self._float_fn(lambda x: x.sum(axis, keepdim) / n)
+        x = self if dtype is None else self.cast(to_dtype(dtype))
+        return x._float_fn(lambda v: v.sum(axis, keepdim) / n)
 
     def var(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1, *,
             dim: Axis = None, unbiased: bool | None = None) -> Tensor:
@@ -1533,13 +1535,15 @@ class Tensor(MathOps, NNOps):
             dim: Axis = None, unbiased: bool | None = None) -> Tensor:
         return self.var(axis, keepdim, correction, dim=dim, unbiased=unbiased).sqrt()
 
-    def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1) \
-            -> tuple[Tensor, Tensor]:
-        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+    def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1, *,
+                 dim: Axis = None, unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
+        axis = dim if dim is not None else axis
+        return self.var(axis, keepdim, correction, unbiased=unbiased), self.mean(axis, keepdim)
 
-    def std_mean(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1) \
-            -> tuple[Tensor, Tensor]:
-        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+    def std_mean(self, axis: Axis = None, keepdim: bool = False, correction: Scalar = 1, *,
+                 dim: Axis = None, unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
+        axis = dim if dim is not None else axis
+        return self.std(axis, keepdim, correction, unbiased=unbiased), self.mean(axis, keepdim)
 
     def argmax(self, axis: int | None = None, keepdim: bool = False, *, dim: int | None = None) -> Tensor:
         """Index of the first maximum (a NaN counts as the maximum, as numpy); int64 like torch."""
@@ -1632,7 +1636,8 @@ class Tensor(MathOps, NNOps):
     def view(self, *shape: Any) -> Tensor:
         return self.reshape(*shape)
 
-    def permute(self, *order: Any) -> Tensor:
+    def permute(self, *order: Any, dims: Any = None) -> Tensor:
+        order = (dims,) if dims is not None else order  # torch's keyword
         o = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
         if len(o) != self.ndim:
             raise ShapeError(f"permute order {o} does not match the {self.ndim} dims of shape {self.shape}")
