@@ -23,7 +23,11 @@ from rawgrad.compiler.view import ShapeTracker
 from rawgrad.dtype import dtypes
 from rawgrad.tensor.buffers import new_buffer, writable_view
 
-DEPTH_CUT = 1000  # graph levels per kernel walk at most (each level is a few Python frames)
+DEPTH_CUT = 1000  # graph levels per kernel walk at most, in graphs deeper than DEEP_GRAPH
+# Only graphs deeper than this are cut: building a kernel walks the graph recursively (a few Python frames
+# per level, under the 20,000-frame limit create_schedule sets), and a cut changes the order kernels are
+# scheduled in, so ordinary graphs (a GPT-2 124M decode step is ~1,200 levels deep) are never cut.
+DEEP_GRAPH = 4000
 
 
 @dataclass
@@ -124,10 +128,6 @@ class _Scheduler:
                 any(self._memory_cache[s] for s in node.src)
             depth[node] = 1 + max((depth[s] for s in node.src), default=0)
             if depth[node] % DEPTH_CUT == 0 and (node.op in ALU or node.op is Ops.CAST):
-                # building a kernel walks its graph recursively: a chain of 50,000 adds would overflow
-                # Python's stack. Every DEPTH_CUT levels the value is stored, and those stores are
-                # scheduled first, bottom up, so no kernel's walk is deeper than DEPTH_CUT.
-                self.forced.add(node)
                 self.depth_cuts.append(node)
             if node.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY):
                 self.forced.add(node)
@@ -139,13 +139,24 @@ class _Scheduler:
                                 for a, b in zip(node.shape, node.src[0].shape))
                 if grows and base.op not in (Ops.BUFFER, Ops.CONST) and self._reads_memory(base):
                     self.forced.add(base)
+        if max(depth.values(), default=0) <= DEEP_GRAPH:
+            self.depth_cuts = []
+        # A chain of 50,000 adds would overflow Python's stack while a kernel is built: every DEPTH_CUT
+        # levels the value is stored, and schedule() stores those first, bottom up, so no kernel's walk is
+        # deeper than DEPTH_CUT.
+        self.forced.update(self.depth_cuts)
 
     # ------------------------------------------------------------------ entry
     def schedule(self, outs: list[UOp]) -> list[UOp]:
-        for node in self.depth_cuts:  # toposort order: every cut below a cut is stored before it
-            self.realize_node(node)
         results = []
         for out in outs:
+            if self.depth_cuts:
+                # the cuts below this output, bottom up (toposort order), just before the output itself:
+                # outputs keep their order, so an assign among them still runs before the reads after it
+                below = set(out.toposort())
+                for node in self.depth_cuts:
+                    if node in below:
+                        self.realize_node(node)
             buf = _contiguous_buffer_view(out)
             if buf is not None:
                 results.append(out)

@@ -270,3 +270,17 @@ def test_saved_decoder_generates_the_same_tokens_in_a_fresh_process(arch: str, t
     assert json.loads(res.stdout.strip().splitlines()[-1]) == want
     with pytest.raises(ValueError, match="not 'llama'" if arch == "gpt2" else "not 'gpt2'"):
         (Llama if arch == "gpt2" else GPT2).load_decoder(str(path))
+
+
+def test_a_deep_decoder_matches_the_reference() -> None:
+    # 12 layers make the tensor graph deeper than the scheduler's depth cut; storing cut points ahead of a
+    # KV-cache assign once made every decode step read the wrong cache (GPT-2 124M's logits off by ~2.5)
+    cfg = GPT2Config(vocab_size=64, max_context=16, dim=32, n_layers=12, n_heads=4)
+    w = numpy_ref.gpt2_weights(cfg, seed=3)
+    model = GPT2.from_hf_state_dict(w, cfg)
+    seq = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 7))
+    want = numpy_ref.gpt2_logits(w, cfg, seq)
+    np.testing.assert_allclose(model.logits(seq[:, :4]), want[:, :4], atol=ATOL, rtol=RTOL)
+    for pos in range(4, seq.shape[1]):
+        np.testing.assert_allclose(model.decode_step(seq[:, pos:pos + 1], pos), want[:, pos], atol=ATOL,
+                                   rtol=RTOL)
