@@ -116,8 +116,12 @@ def _random_step(rng: np.random.Generator, shape: tuple[int, ...], is_int: bool)
         if shape[ax] == 0:
             return None
         op = rng.choice(["sum", "max"])
-        return Step(f"x = x.{op}({ax}, keepdim={keep})", lambda x, y: getattr(x, op)(ax, keepdim=keep),
-                    lambda x, y: getattr(np, op)(x, axis=ax, keepdims=keep))
+        if op == "max":  # torch's max(dim) gives (values, indices)
+            return Step(f"x = x.max({ax}, keepdim={keep}).values",
+                        lambda x, y: x.max(ax, keepdim=keep).values,
+                        lambda x, y: np.max(x, axis=ax, keepdims=keep))
+        return Step(f"x = x.sum({ax}, keepdim={keep})", lambda x, y: x.sum(ax, keepdim=keep),
+                    lambda x, y: np.sum(x, axis=ax, keepdims=keep))
     if kind == "index_int" and nd and shape[0] > 0:
         i = int(rng.integers(-shape[0], shape[0]))
         return Step(f"x = x[{i}]", lambda x, y: x[i], lambda x, y: x[i])
