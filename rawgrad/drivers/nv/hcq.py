@@ -593,6 +593,8 @@ class NVProgram(Program):
                 device.nv.free(self.image)
                 raise
         self.fn_addr: int = self.image.va + self.info.text_offset
+        if self.info.local_bytes > device.slm_per_thread:  # this kernel spills or keeps a stack
+            device.grow_local_memory(self.info.local_bytes)
         self.constant_banks = tuple((index, self.image.va + off, size)
                                     for index, off, size in self.info.constant_banks)
         weakref.finalize(self, _free_image, weakref.ref(device), self.image)
@@ -838,17 +840,31 @@ class NVHCQDevice(HCQDevice):
                 ffi.memmove(dst[off:off + n], ffi.cast("void *", staging.va), n)
 
     # -- bring-up extras ----------------------------------------------------------------------------------
-    def _setup_local_memory(self) -> None:
-        """Allocate the SLM backing buffer and point the compute engine at it (NV-FACTS 5.6, 2.2 step 35)."""
+    def _setup_local_memory(self, per_thread: int = SLM_PER_THREAD) -> None:
+        """Allocate the SLM backing buffer for `per_thread` bytes of local memory per thread and point the
+        compute engine at it (NV-FACTS 5.6, 2.2 step 35)."""
         gr = self.nv.gr_info
-        per_warp = round_up(SLM_PER_THREAD * SLM_WARP_THREADS, SLM_THREAD_ROUND)
+        per_warp = round_up(per_thread * SLM_WARP_THREADS, SLM_THREAD_ROUND)
         per_tpc = round_up(per_warp * gr["max_warps_per_sm"] * gr["sm_per_tpc"], SLM_TPC_ROUND)
         total = round_up(per_tpc * gr["tpc_per_gpc"] * gr["gpcs"], SLM_TOTAL_ROUND)
         self.slm = self.nv.alloc_vram(total, cpu_map=False)
+        self.slm_per_thread = per_thread
         pb = pbuf.shader_local_memory(pbuf.PushBuffer(), self.nv.compute_class, self.slm.va, per_tpc,
                                       SLM_MAX_SM_COUNT)
         self.nv.compute.submit(pb)
         self.nv.compute.wait_idle()
+
+    def grow_local_memory(self, per_thread: int) -> None:
+        """A kernel needs more local memory per thread than the SLM buffer holds (a register spill or a
+        stack): wait for the work that uses the old buffer, then set up a bigger one (doubling, so a few
+        growing kernels do not each pay a reallocation) and free the old."""
+        with self.submit_lock:
+            if per_thread <= self.slm_per_thread:
+                return
+            self.synchronize()
+            old = self.slm
+            self._setup_local_memory(max(per_thread, 2 * self.slm_per_thread))
+            self.nv.free(old)
 
     # -- teardown -------------------------------------------------------------------------------------------
     def close(self) -> None:
