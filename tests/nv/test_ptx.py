@@ -679,8 +679,8 @@ def test_group_reductions_for_every_reduce_op_and_shape():
     long_rows32 = long_rows.astype(np.float32)
     t = Tensor(x)
     cases = {  # tensor, reference, tolerance
-        "max": (t.max(2), x.max(2), 0),
-        "min of negatives": (-(-t).max(2), x.min(2), 0),
+        "max": (t.max(axis=2), x.max(2), 0),
+        "min of negatives": (-(-t).max(axis=2), x.min(2), 0),
         "sum over two axes": (t.sum((1, 2)), x.sum((1, 2)), 1e-4),
         "full sum": (t.sum(), x.sum(), 1e-3),
         "matrix-vector, weights (out, in)": (Tensor(v) @ Tensor(w).T, v @ w.T, 1e-4),
@@ -688,7 +688,8 @@ def test_group_reductions_for_every_reduce_op_and_shape():
         "float16 mean": (Tensor(x).half().mean(2), x.astype(np.float16).astype(np.float32).mean(2), 2e-3),
         # 64-bit accumulators cross lanes as two 32-bit shuffles
         "float64 sum": (Tensor(x.astype(np.float64)).sum(2), x.astype(np.float64).sum(2), 1e-12),
-        "int64 max": (Tensor(ints.astype(np.int64) << 20).max(1), (ints.astype(np.int64) << 20).max(1), 0),
+        "int64 max": (Tensor(ints.astype(np.int64) << 20).max(axis=1), (ints.astype(np.int64) << 20).max(1),
+                      0),
         # an embedding lookup fused into the reduce (GPT-2's first layer norm)
         "sum of gathered rows": (Tensor(idx).embedding(Tensor(table)).sum(1), table[idx].sum(1), 1e-4),
         # heads merged back (a reshape of a permuted view: no single stride along the reduce) times weights
@@ -696,7 +697,7 @@ def test_group_reductions_for_every_reduce_op_and_shape():
                                    heads.transpose(1, 0, 2).reshape(3, 256) @ w.T, 1e-4),
         # long rows: block groups, 64-bit accumulators through shared memory too
         "float64 sum of long rows": (Tensor(long_rows).sum(1), long_rows.sum(1), 1e-12),
-        "max of long rows": (Tensor(long_rows32).max(1), long_rows32.max(1), 0),
+        "max of long rows": (Tensor(long_rows32).max(axis=1), long_rows32.max(1), 0),
     }
     for name, (tensor, ref, tol) in cases.items():
         prog, _ = _gpu_kernel(tensor)
@@ -804,7 +805,7 @@ def test_reductions_sum_max_full_and_half_precision():
     t = Tensor(x)
     h = Tensor(x.astype(np.float16))
     i = Tensor((x * 10).astype(np.int32))
-    got = run_on_ptx(t.sum(1), t.max(0), t.sum(), h.sum(0), i.sum(1), (t > 0).any(1), t.min(1))
+    got = run_on_ptx(t.sum(1), t.max(axis=0), t.sum(), h.sum(0), i.sum(1), (t > 0).any(1), t.min(axis=1))
     refs = [x.sum(1), x.max(0), x.sum(), x.astype(np.float16).astype(np.float32).sum(0).astype(np.float16),
             (x * 10).astype(np.int32).sum(1), (x > 0).any(1), x.min(1)]
     for g, r in zip(got, refs):
