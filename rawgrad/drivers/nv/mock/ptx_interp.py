@@ -1359,6 +1359,12 @@ def warp_order(nwarps: int, epoch: int, seed: int = 0) -> list[int]:
     return rev[k:] + rev[:k]
 
 
+# Steps (instructions at one pc for the lanes there) a launch may take before it is called runaway. At
+# ~150k steps/s on these machines this is ~10 minutes, the mock device's wait timeout: a long but finite
+# kernel (a 1024x1024 full sum run by one thread takes ~32M) completes, a loop that never ends still fails.
+MAX_STEPS = 100_000_000
+
+
 class PTXModule:
     """Parsed (and validated) PTX; `launch` runs one entry on a grid of blocks.
 
@@ -1387,7 +1393,7 @@ class PTXModule:
         self.warnings: list[str] = []
 
     def launch(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int], params: bytes,
-               memory: GlobalMemory, *, max_steps: int = 10_000_000, adversarial: bool | None = None,
+               memory: GlobalMemory, *, max_steps: int = MAX_STEPS, adversarial: bool | None = None,
                seed: int | None = None) -> None:
         """Run `entry` over `grid` blocks of `block` threads with the raw parameter buffer `params`.
 
