@@ -26,7 +26,7 @@ import pytest
 
 _kernels = {"current": 0}
 _per_test: dict[str, int] = {}
-_passed: set[str] = set()
+_passed: dict[str, None] = {}  # in the order the tests ran (a dict keeps insertion order)
 _skips: list[tuple[str, str]] = []
 
 
@@ -70,7 +70,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _skips.append((report.nodeid, reason))
     if report.when == "call" and report.passed:
-        _passed.add(report.nodeid)
+        _passed[report.nodeid] = None
 
 
 def _problems() -> list[str]:
@@ -83,7 +83,7 @@ def _problems() -> list[str]:
     if os.environ.get("RAWGRAD_REQUIRE_SASS", "0") not in ("", "0"):
         problems.extend(_sass_problems())
     if counting_mock_kernels() and os.environ.get("RAWGRAD_REQUIRE_DEVICE_KERNELS", "0") not in ("", "0"):
-        for nodeid in sorted(_passed):
+        for nodeid in _passed:
             if _per_test.get(nodeid, 0) == 0:
                 problems.append(f"launched no kernel on the device: {nodeid}")
     return problems
@@ -109,7 +109,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         out = os.environ.get("RAWGRAD_WRITE_DEVICE_SLICE")
         if out:
             with open(out, "w", encoding="utf-8") as f:
-                f.writelines(f"{n}\n" for n in sorted(_passed) if _per_test.get(n, 0) > 0)
+                # in run order, not sorted: a module-scoped fixture's kernels count for the test that set
+                # it up, and that test must stay first when the slice runs
+                f.writelines(f"{n}\n" for n in _passed if _per_test.get(n, 0) > 0)
     if _problems() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
