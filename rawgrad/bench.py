@@ -54,8 +54,9 @@ def blas_description() -> str:
     return f"numpy {np.__version__} BLAS: {'; '.join(parts)}; overrides: {overrides}"
 
 
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """Median wall time of `repeats` calls of `fn`, after `warmup` untimed calls."""
+def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]:
+    """Wall times of `repeats` calls of `fn` after `warmup` untimed calls (what every side of every benchmark
+    is timed by)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -63,7 +64,12 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> floa
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median wall time of `repeats` calls of `fn`, after `warmup` untimed calls."""
+    return statistics.median(timed_calls(fn, repeats, warmup))
 
 
 def bench_cpu(quick: bool = False) -> int:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from rawgrad.bench import timed_calls
+
 TORCH_MISSING = "n/a (torch not installed)"
 STATISTIC = "p50"  # throughput = units / p50 of the per-call times, on both sides
 MINILM_TOLERANCE = 1e-4  # max |rawgrad - torch| of L2-normalized embeddings
@@ -38,18 +40,6 @@ def summarize(times: list[float]) -> dict[str, float]:
         raise ValueError("no timings to summarize")
     arr = np.asarray(times, dtype=np.float64)
     return {"p50": float(np.percentile(arr, 50)), "p90": float(np.percentile(arr, 90)), "n": len(times)}
-
-
-def timed_calls(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]:
-    """Wall times of `repeats` calls of `fn` after `warmup` untimed calls (what both sides are timed by)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 def make_row(case: str, unit: str, units_per_call: int, ours: list[float], theirs: list[float] | None) \
