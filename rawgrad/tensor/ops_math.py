@@ -871,3 +871,94 @@ class MathOps:
             yy = y.cast(x.dtype)
             return ((x == 0) & yy.isnan().logical_not()).where(0, x * yy.log())
         return self._float_fn(fn)
+
+    # ------------------------------------------------------------------ torch habits: splitting, counting
+    def tensor_split(self: Tensor, indices_or_sections: int | Sequence[int] | Tensor,
+                     dim: int = 0) -> tuple[Tensor, ...]:
+        """torch's tensor_split: an int n gives n parts, the first size % n one longer; a list of indices
+        cuts before each (indices clamp to the dim, so parts may be empty)."""
+        from rawgrad.tensor.tensor import Tensor
+        ax = self._axis(dim)
+        n = self.shape[ax]
+        ios = indices_or_sections
+        if isinstance(ios, Tensor):
+            ios = int(ios.item()) if ios.ndim == 0 else [int(v) for v in ios.numpy().reshape(-1)]
+        if isinstance(ios, int):
+            if ios <= 0:
+                raise ValueError(f"tensor_split needs a positive number of sections, got {ios}")
+            q, r = divmod(n, ios)
+            sizes = [q + 1] * r + [q] * (ios - r)
+            cuts = [sum(sizes[:i]) for i in range(ios + 1)]
+        else:
+            cuts = [0] + [min(max(i + n if i < 0 else i, 0), n) for i in ios] + [n]
+        return tuple(self[(slice(None),) * ax + (slice(a, max(a, b)),)] for a, b in zip(cuts, cuts[1:]))
+
+    def rot90(self: Tensor, k: int = 1, dims: Sequence[int] = (0, 1)) -> Tensor:
+        """Rotate by 90 degrees k times in the plane of dims, from dims[0] towards dims[1] (torch's)."""
+        if len(dims) != 2:
+            raise ValueError(f"rot90 needs two dims, got {dims}")
+        d0, d1 = self._axis(dims[0]), self._axis(dims[1])
+        if d0 == d1:
+            raise ValueError(f"rot90 needs two different dims, got {dims}")
+        k %= 4
+        if k == 1:
+            return self.flip(d1).transpose(d0, d1)
+        if k == 2:
+            return self.flip(d0, d1)
+        if k == 3:
+            return self.flip(d0).transpose(d0, d1)
+        return self
+
+    def unique(self: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa: A002 (torch's name)
+               return_counts: bool = False, dim: int | None = None) -> Any:
+        """The distinct values (or slices along dim), always sorted; with the int64 inverse indices and
+        counts when asked. Realizes: the result's shape depends on the data, so it is computed in numpy
+        and is not differentiable."""
+        from rawgrad.tensor.tensor import Tensor
+        a = self.numpy()
+        axis = None if dim is None else self._axis(dim)
+        vals, inv, cnt = np.unique(a, return_inverse=True, return_counts=True, axis=axis)
+        out = Tensor(vals, dtype=self.dtype, device=self.device)
+        if not (return_inverse or return_counts):
+            return out
+        res = [out]
+        if return_inverse:
+            inv_shape = a.shape if axis is None else (a.shape[axis],)
+            res.append(Tensor(inv.reshape(inv_shape).astype(np.int64), device=self.device))
+        if return_counts:
+            res.append(Tensor(cnt.astype(np.int64), device=self.device))
+        return tuple(res)
+
+    def bincount(self: Tensor, weights: Tensor | None = None, minlength: int = 0) -> Tensor:
+        """Counts of each value of a 1-d non-negative int tensor (weights summed instead when given).
+        Realizes the maximum for the output length, max(self) + 1 or minlength."""
+        from rawgrad.tensor.tensor import Tensor
+        if self.ndim != 1 or not self.dtype.is_int:
+            raise ValueError(f"bincount needs a 1-d int tensor, got shape {self.shape} {self.dtype}")
+        lo, hi = (int(self.min().item()), int(self.max().item())) if self.shape[0] else (0, -1)
+        if lo < 0:
+            raise ValueError("bincount needs non-negative values")
+        n = max(hi + 1, minlength)
+        hit = self.unsqueeze(-1) == Tensor.arange(n, device=self.device).cast(self.dtype)
+        if weights is None:
+            return hit.cast(dtypes.int64).sum(0)
+        w = weights if weights.dtype.is_float else weights.cast(dtypes.float64)
+        return hit.where(w.unsqueeze(-1), 0).sum(0).cast(w.dtype)
+
+    def histc(self: Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> Tensor:  # noqa: A002
+        """Histogram of bins equal-width bins over [min, max] (torch's histc): min == max == 0 takes the
+        data's range (realizing it), elements outside are left out, the max edge falls in the last bin."""
+        from rawgrad.tensor.tensor import Tensor
+        lo, hi = float(min), float(max)
+        if lo == hi == 0 and self.numel() > 0:
+            lo, hi = float(self.min().item()), float(self.max().item())
+        if lo == hi:  # torch widens an empty range by 1 each side
+            lo, hi = lo - 1, hi + 1
+        if lo > hi:
+            raise ValueError(f"histc: max {hi} is below min {lo}")
+        dt = self.dtype if self.dtype.is_float else dtypes.default_float
+        x = self.flatten().cast(dt)
+        idx = ((x - lo) * (bins / (hi - lo))).floor().cast(dtypes.int32).clip(0, bins - 1)
+        inside = (x >= lo) & (x <= hi)
+        hit = (idx.unsqueeze(-1) == Tensor.arange(bins, device=self.device)) & inside.unsqueeze(-1)
+        return hit.cast(dt).sum(0)

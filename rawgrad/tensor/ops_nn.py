@@ -272,6 +272,41 @@ class NNOps:
         return x._avg_pool(3, kernel_size, stride, dilation, padding, ceil_mode, count_include_pad,
                               divisor_override)
 
+    def _adaptive_pool(self, output_size: Any, reduce: str) -> Tensor:
+        """Pool the last two dims into output_size windows, torch's: window i along a dim of size n
+        pooled to m spans [floor(i*n/m), ceil((i+1)*n/m)). Windows are rectangles, so each dim is
+        pooled in turn."""
+        from rawgrad.tensor.tensor import Tensor
+        x = _t(self)
+        if x.ndim < 2:
+            raise ValueError(f"adaptive pooling needs at least 2 dims, got shape {x.shape}")
+        sizes = (output_size, output_size) if output_size is None or isinstance(output_size, int) \
+            else tuple(output_size)
+        if len(sizes) != 2:
+            raise ValueError(f"adaptive 2-d pooling needs an int or a pair, got {output_size}")
+        for ax, m in zip((x.ndim - 2, x.ndim - 1), sizes):
+            n = x.shape[ax]
+            m = n if m is None else m
+            if m <= 0:
+                raise ValueError(f"adaptive pooling output size must be positive, got {output_size}")
+            if m == n:
+                continue
+            parts = []
+            for i in range(m):
+                lo, hi = (i * n) // m, -((-(i + 1) * n) // m)
+                w = x.narrow(ax, lo, hi - lo)
+                parts.append(w.mean(ax, keepdim=True) if reduce == "avg" else w.amax(ax, keepdim=True))
+            x = Tensor.cat(*parts, dim=ax)
+        return x
+
+    def adaptive_avg_pool2d(self, output_size: Any) -> Tensor:
+        """Average pooling of the last two dims to output_size (an int, a pair; None keeps that dim)."""
+        return _t(self)._adaptive_pool(output_size, "avg")
+
+    def adaptive_max_pool2d(self, output_size: Any) -> Tensor:
+        """Max pooling of the last two dims to output_size (an int, a pair; None keeps that dim)."""
+        return _t(self)._adaptive_pool(output_size, "max")
+
     def _max_unpool(self, n: int, indices: Tensor, kernel_size: Any, stride: Any, padding: Any,
                     output_size: Sequence[int] | None) -> Tensor:
         from rawgrad.tensor.tensor import _to_tuple
