@@ -12,6 +12,7 @@ from rawgrad.nn.functional import (
 )
 from rawgrad.nn.layers import (
     GELU,
+    AdaptiveAvgPool2d,
     AvgPool2d,
     BatchNorm,
     BatchNorm1d,
@@ -43,5 +44,5 @@ __all__ = ["optim", "state", "binary_cross_entropy", "binary_cross_entropy_with_
            "cross_entropy", "l1_loss", "mse_loss", "nll_loss", "sparse_categorical_crossentropy",
            "BatchNorm", "BatchNorm1d", "BatchNorm2d", "Conv2d", "ConvTranspose2d", "Dropout", "Embedding",
            "GroupNorm", "LayerNorm", "Linear", "Module", "RMSNorm", "Sequential", "enable_grad", "no_grad",
-           "AvgPool2d", "Flatten", "GELU", "Identity", "LeakyReLU", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU",
-           "Sigmoid", "Softmax", "Tanh"]
+           "AdaptiveAvgPool2d", "AvgPool2d", "Flatten", "GELU", "Identity", "LeakyReLU", "LogSoftmax",
+           "MaxPool2d", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh"]

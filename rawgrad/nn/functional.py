@@ -142,6 +142,64 @@ def layer_norm(x: Tensor, normalized_shape: IntOrSeq, weight: Tensor | None = No
     return x.layer_norm(normalized_shape, weight, bias, eps)
 
 
+def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalize each of num_groups groups of channels (dim 1) together with all positions, then scale
+    and shift per channel (what nn.GroupNorm computes)."""
+    if x.ndim < 2 or x.shape[1] % num_groups:
+        raise ValueError(f"group_norm: input of shape {x.shape} does not split into {num_groups} groups "
+                         "along dim 1")
+    y = x.reshape(x.shape[0], num_groups, -1).layernorm(-1, eps).reshape(x.shape)
+    bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = y * weight.reshape(bshape)
+    return y if bias is None else y + bias.reshape(bshape)
+
+
+def _realize_pending(*ts: Tensor) -> None:
+    """Run assigns nobody realized yet, so that a new update does not chain every step's graph."""
+    from rawgrad.compiler.ir import Ops
+    stale = [t for t in ts if t.uop.op is Ops.ASSIGN]
+    if stale:
+        Tensor.realize(*stale)
+
+
+def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Batch normalization over every dim but 1 (what nn.BatchNorm computes). training: normalize with
+    the batch's statistics and, where running stats are given, move them by momentum in place with
+    `assign` (running_var takes the unbiased variance, as torch); otherwise use the running stats."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if training:
+        mean = x.mean(axes)
+        var = (x - mean.reshape(bshape)).square().mean(axes)  # biased: what normalizes the batch
+        if running_mean is not None and running_var is not None:
+            _realize_pending(running_mean, running_var)
+            n = x.numel() // x.shape[1]
+            unbiased = var * (n / max(n - 1, 1))
+            running_mean.assign(running_mean * (1 - momentum) + mean.detach() * momentum)
+            running_var.assign(running_var * (1 - momentum) + unbiased.detach() * momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm outside training needs running_mean and running_var")
+        mean, var = running_mean, running_var
+    y = (x - mean.reshape(bshape)) * (var + eps).rsqrt().reshape(bshape)
+    if weight is not None:
+        y = y * weight.reshape(bshape)
+    return y if bias is None else y + bias.reshape(bshape)
+
+
+def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
+    return x.adaptive_avg_pool2d(output_size)
+
+
+def adaptive_max_pool2d(x: Tensor, output_size: Any) -> Tensor:
+    """Values only: return_indices is not supported."""
+    return x.adaptive_max_pool2d(output_size)
+
+
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
            padding: Any = 0, dilation: IntOrSeq = 1, groups: int = 1) -> Tensor:
     """torch.nn.functional.conv1d's argument order over `Tensor.conv2d` (tinygrad's order)."""

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rawgrad.dtype import DTypeLike, dtypes, to_dtype
-from rawgrad.nn.functional import conv_transpose2d
+from rawgrad.nn.functional import _realize_pending, batch_norm, conv_transpose2d, group_norm
 from rawgrad.nn.module import Module
 from rawgrad.tensor.tensor import Tensor
 
@@ -115,32 +115,12 @@ class BatchNorm(Module):
 
     def __call__(self, x: Tensor) -> Tensor:
         self._check(x)
-        axes = (0,) + tuple(range(2, x.ndim))
-        bshape = (1, self.num_features) + (1,) * (x.ndim - 2)
-        if Tensor.training or not self.track_running_stats:
-            mean = x.mean(axes)
-            var = (x - mean.reshape(bshape)).square().mean(axes)  # biased: what normalizes the batch
-            if Tensor.training and self.track_running_stats:
-                self._update_running(mean, var, x.numel() // self.num_features)
-        else:
-            mean, var = self.running_mean, self.running_var
-        y = (x - mean.reshape(bshape)) * (var + self.eps).rsqrt().reshape(bshape)
-        if self.weight is not None and self.bias is not None:
-            y = y * self.weight.reshape(bshape) + self.bias.reshape(bshape)
-        return y
-
-    def _update_running(self, mean: Tensor, var: Tensor, n: int) -> None:
-        from rawgrad.compiler.ir import Ops
-        # an update nobody realized would chain every step's graph onto the next: run it now
-        stale = [t for t in (self.running_mean, self.running_var, self.num_batches_tracked)
-                 if t.uop.op is Ops.ASSIGN]
-        if stale:
-            Tensor.realize(*stale)
-        m = self.momentum
-        unbiased = var * (n / max(n - 1, 1))
-        self.running_mean.assign(self.running_mean * (1 - m) + mean.detach() * m)
-        self.running_var.assign(self.running_var * (1 - m) + unbiased.detach() * m)
-        self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        track = self.track_running_stats
+        if Tensor.training and track:
+            _realize_pending(self.num_batches_tracked)
+            self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        return batch_norm(x, self.running_mean if track else None, self.running_var if track else None,
+                          self.weight, self.bias, Tensor.training or not track, self.momentum, self.eps)
 
 
 class BatchNorm1d(BatchNorm):
@@ -204,11 +184,7 @@ class GroupNorm(Module):
         if x.ndim < 2 or x.shape[1] != self.num_channels:
             raise ValueError(f"GroupNorm({self.num_groups}, {self.num_channels}) got input of shape "
                              f"{x.shape}")
-        y = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
-        bshape = (1, self.num_channels) + (1,) * (x.ndim - 2)
-        if self.weight is not None:
-            y = y * self.weight.reshape(bshape)
-        return y if self.bias is None else y + self.bias.reshape(bshape)
+        return group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
 
 class Embedding(Module):
@@ -355,3 +331,11 @@ class AvgPool2d(Module):
     def __call__(self, x: Tensor) -> Tensor:
         return x.avg_pool2d(self.kernel_size, self.stride, 1, self.padding, self.ceil_mode,
                             self.count_include_pad)
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size: int | Sequence[int | None] | None):
+        self.output_size = output_size
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.adaptive_avg_pool2d(self.output_size)
