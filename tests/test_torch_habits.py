@@ -640,9 +640,136 @@ def test_more_functional():
           (tgt * (np.log(tgt) - np.log(q))).sum() / 2)
 
 
-@pytest.mark.xfail(strict=True, reason="not implemented yet: tensor_split, unique, bincount, histc, rot90, "
-                   "F.adaptive_avg_pool2d, F.group_norm, F.batch_norm")
-def test_missing_names():
-    names = ("tensor_split", "unique", "bincount", "histc", "rot90")
-    assert all(hasattr(x(), n) for n in names)
-    assert all(hasattr(F, n) for n in ("adaptive_avg_pool2d", "group_norm", "batch_norm"))
+# ---------------------------------------------------------------------- splitting, counting, rotating
+def test_tensor_split():
+    v = np.arange(10, dtype=np.float32)
+    parts = Tensor(v).tensor_split(3)
+    assert [p.shape for p in parts] == [(4,), (3,), (3,)]  # uneven: the first size % n one longer
+    for got, exp in zip(parts, np.array_split(v, 3)):
+        close(got, exp)
+    for got, exp in zip(Tensor(v).tensor_split([2, -3, 1]), (v[0:2], v[2:7], v[7:1], v[1:10])):
+        close(got, exp)
+    for got, exp in zip(x().tensor_split(3, dim=1), np.array_split(A, 3, axis=1)):
+        close(got, exp)
+
+
+def test_rot90():
+    for k in (-1, 0, 1, 2, 3, 5):
+        close(x().rot90(k), np.rot90(A, k))
+    close(Tensor(B3).rot90(1, dims=(1, 2)), np.rot90(B3, 1, axes=(1, 2)))
+    close(Tensor(B3).rot90(3, dims=[2, 0]), np.rot90(B3, 3, axes=(2, 0)))
+
+
+def test_unique():
+    a = np.array([[3, 1, 3], [2, 1, 3]], np.int64)
+    close(Tensor(a).unique(), np.unique(a))
+    vals, inv, cnt = Tensor(a).unique(return_inverse=True, return_counts=True)
+    ev, ei, ec = np.unique(a, return_inverse=True, return_counts=True)
+    close(vals, ev)
+    close(inv, ei.reshape(a.shape))
+    close(cnt, ec)
+    assert inv.dtype == dtypes.int64 and cnt.dtype == dtypes.int64
+    rows = np.array([[1, 2], [0, 5], [1, 2]], np.int64)
+    v, i = Tensor(rows).unique(dim=0, return_inverse=True)
+    close(v, np.unique(rows, axis=0))
+    close(i, [1, 0, 1])
+
+
+def test_bincount():
+    a = np.array([3, 1, 3, 0, 3], np.int64)
+    close(Tensor(a).bincount(), np.bincount(a))
+    close(Tensor(a).bincount(minlength=7), np.bincount(a, minlength=7))
+    w = np.array([0.5, 1.0, 2.0, 0.25, 3.0], np.float32)
+    close(Tensor(a).bincount(Tensor(w)), np.bincount(a, w))
+
+
+def test_histc():
+    v = np.array([0.0, 1.0, 2.0, 3.5, 4.0, 5.0, -1.0, 0.5], np.float32)
+    close(Tensor(v).histc(4, min=0, max=4), np.histogram(v, 4, (0, 4))[0])  # 4.0 counts, -1 and 5 not
+    close(Tensor(v).histc(bins=3), np.histogram(v, 3)[0])  # min = max = 0: the data's range
+    close(Tensor(np.full(3, 2.0, np.float32)).histc(2), [0, 3])  # torch widens an empty range by 1
+
+
+# ---------------------------------------------------------------------- adaptive pooling, functional norms
+def _adaptive_ref(a: np.ndarray, out: tuple[int, int], fn) -> np.ndarray:
+    h, w = a.shape[-2:]
+    res = np.zeros(a.shape[:-2] + out, a.dtype)
+    for i in range(out[0]):
+        for j in range(out[1]):
+            hs, he = i * h // out[0], -(-(i + 1) * h // out[0])
+            ws, we = j * w // out[1], -(-(j + 1) * w // out[1])
+            res[..., i, j] = fn(a[..., hs:he, ws:we], axis=(-2, -1))
+    return res
+
+
+def test_adaptive_pool2d():
+    a = (np.arange(2 * 5 * 7, dtype=np.float32).reshape(1, 2, 5, 7) % 11) - 4.0
+    close(F.adaptive_avg_pool2d(Tensor(a), (3, 4)), _adaptive_ref(a, (3, 4), np.mean))
+    close(F.adaptive_max_pool2d(Tensor(a), 2), _adaptive_ref(a, (2, 2), np.max))
+    close(Tensor(a).adaptive_avg_pool2d((None, 3)), _adaptive_ref(a, (5, 3), np.mean))
+    close(Tensor(a).adaptive_max_pool2d((3, None)), _adaptive_ref(a, (3, 7), np.max))
+    import rawgrad.nn as nn
+    close(nn.AdaptiveAvgPool2d(1)(Tensor(a)), a.mean((2, 3), keepdims=True))
+    t = Tensor(a, requires_grad=True)
+    F.adaptive_avg_pool2d(t, (2, 3)).sum().backward()
+    g = np.zeros_like(a)  # each window spreads 1/size over its elements; overlapping windows add up
+    for i in range(2):
+        for j in range(3):
+            hs, he, ws, we = i * 5 // 2, -(-(i + 1) * 5 // 2), j * 7 // 3, -(-(j + 1) * 7 // 3)
+            g[..., hs:he, ws:we] += 1.0 / ((he - hs) * (we - ws))
+    close(t.grad, g)
+
+
+C2 = (np.arange(2 * 4 * 3, dtype=np.float32).reshape(2, 4, 3) % 5) * 0.5 - 1.0
+W4 = np.array([1.0, 0.5, -1.0, 2.0], np.float32)
+B4 = np.array([0.0, 0.1, 0.2, -0.3], np.float32)
+
+
+def test_group_norm():
+    g = C2.reshape(2, 2, -1)
+    exp = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)).reshape(C2.shape)
+    exp = exp * W4[:, None] + B4[:, None]
+    t = Tensor(C2, requires_grad=True)
+    y = F.group_norm(t, 2, Tensor(W4), Tensor(B4))
+    close(y, exp, atol=1e-4)
+    # gradient of sum(y * r): numeric central differences in float64
+    r = np.linspace(-1, 1, C2.size).reshape(C2.shape).astype(np.float32)
+    (y * Tensor(r)).sum().backward()
+
+    def f(a: np.ndarray) -> float:
+        ga = a.reshape(2, 2, -1)
+        n = ((ga - ga.mean(-1, keepdims=True)) / np.sqrt(ga.var(-1, keepdims=True) + 1e-5)).reshape(a.shape)
+        return float(((n * W4[:, None] + B4[:, None]) * r).sum())
+    num = np.zeros(C2.shape)
+    base = C2.astype(np.float64)
+    for idx in np.ndindex(C2.shape):
+        d = np.zeros_like(base)
+        d[idx] = 1e-4
+        num[idx] = (f(base + d) - f(base - d)) / 2e-4
+    close(t.grad, num.astype(np.float32), atol=2e-3)
+
+
+def test_batch_norm_eval_and_training():
+    rm, rv = np.array([0.5, -0.5, 0.0, 1.0], np.float32), np.array([1.0, 2.0, 0.5, 4.0], np.float32)
+    bs = (1, 4, 1)
+    exp = (C2 - rm.reshape(bs)) / np.sqrt(rv.reshape(bs) + 1e-5) * W4.reshape(bs) + B4.reshape(bs)
+    close(F.batch_norm(Tensor(C2), Tensor(rm), Tensor(rv), Tensor(W4), Tensor(B4)), exp, atol=1e-5)
+    # training: the batch's statistics normalize; the running ones move by momentum (unbiased variance)
+    run_m, run_v = Tensor(rm.copy()), Tensor(rv.copy())
+    t = Tensor(C2, requires_grad=True)
+    y = F.batch_norm(t, run_m, run_v, Tensor(W4), Tensor(B4), training=True, momentum=0.2)
+    mu, var = C2.mean((0, 2)), C2.var((0, 2))
+    norm = (C2 - mu.reshape(bs)) / np.sqrt(var.reshape(bs) + 1e-5)
+    close(y, norm * W4.reshape(bs) + B4.reshape(bs), atol=1e-4)
+    n = C2.size // 4
+    close(run_m, 0.8 * rm + 0.2 * mu)
+    close(run_v, 0.8 * rv + 0.2 * var * n / (n - 1), atol=1e-5)
+    # gradient of sum(y * r) through the batch statistics (the closed form of batch norm's backward)
+    r = np.linspace(-1, 1, C2.size).reshape(C2.shape).astype(np.float32)
+    (y * Tensor(r)).sum().backward()
+    gy = r * W4.reshape(bs)
+    gx = (gy - gy.mean((0, 2), keepdims=True) - norm * (gy * norm).mean((0, 2), keepdims=True)) \
+        / np.sqrt(var.reshape(bs) + 1e-5)
+    close(t.grad, gx, atol=1e-4)
+    # without running stats training still works and updates nothing
+    close(F.batch_norm(Tensor(C2), None, None, training=True), norm, atol=1e-4)
