@@ -333,3 +333,20 @@ def test_swapped_qmd_address_words_fault(dev: NVHCQDevice, monkeypatch: pytest.M
     # range check refuses it; where it fits, the mock faults on the unmapped address at launch
     with pytest.raises((DeviceFault, ValueError), match="MMU_FAULT|does not fit"):
         qmd_release_value(dev)
+
+
+def test_an_approximation_out_of_its_range_is_a_warning(dev: NVHCQDevice,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the interpreter notes sin/cos.approx outside the ISA's bounded range in PTXModule.warnings; the mock
+    # GPU must surface each new note (the GPU path used to drop them)
+    from rawgrad.drivers.nv.mock import gpu as mock_gpu
+    from rawgrad.drivers.nv.mock import ptx_interp
+    real = ptx_interp.PTXModule.launch
+
+    def noting(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        self.warnings.append("line 9: sin.approx.f32 of 1e+06 is outside [-100pi, 100pi]")
+
+    monkeypatch.setattr(ptx_interp.PTXModule, "launch", noting)
+    with pytest.warns(mock_gpu.ApproximationOutOfRange, match=r"kernel fill: line 9: sin\.approx"):
+        np.testing.assert_array_equal(run_fill(dev), EXPECTED)
