@@ -65,3 +65,16 @@ def test_a_bad_dtype_names_the_argument() -> None:
         Tensor.ones(3).sum(dtype="")
     with pytest.raises(TypeError, match=r"dtype='floot' is not a dtype .*'float32'"):
         Tensor.ones(3).cast("floot")
+
+
+def test_import_probes_no_device_and_a_bad_dev_is_reported_at_first_use() -> None:
+    import os
+    import subprocess
+    import sys
+    code = ("import sys\nimport rawgrad\nfrom rawgrad import Tensor\n"
+            "assert 'rawgrad.drivers.nv' not in sys.modules, 'a driver was imported (probed) at import'\n"
+            "try:\n    Tensor([1.0])\nexcept RuntimeError as e:\n    print('first use:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DEV": "FOO"}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "first use: unknown device 'FOO'" in proc.stdout

@@ -43,8 +43,23 @@ from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, is_allocated
 from rawgrad.tensor.ops_math import MathOps, ValuesIndices
 from rawgrad.tensor.ops_nn import NNOps
 
-# the default device: DEV from the environment, else the best device the registry detects
-DEFAULT_DEVICE: str = Device.DEFAULT
+_default_device: str | None = None
+
+
+def default_device() -> str:
+    """DEV from the environment, else the best device the registry detects; resolved on first use (not at
+    import: importing rawgrad probes no driver, and a bad DEV is reported where a tensor is first made)."""
+    global _default_device
+    if _default_device is None:
+        _default_device = Device.DEFAULT
+    return _default_device
+
+
+def __getattr__(name: str) -> Any:
+    # `DEFAULT_DEVICE` stays importable, resolved lazily (PEP 562)
+    if name == "DEFAULT_DEVICE":
+        return default_device()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 Scalar = int | float | bool
 TensorLike = "Tensor | Scalar | list | tuple | np.ndarray"
@@ -131,7 +146,7 @@ def _view_assigns_read_by(tensors: Sequence[Tensor]) -> list[Tensor]:
 
 # ---------------------------------------------------------------------- small helpers
 def _canon_device(device: str | None) -> str:
-    return DEFAULT_DEVICE if device is None else Device.canonicalize(str(device))
+    return default_device() if device is None else Device.canonicalize(str(device))
 
 
 def _prod(xs: Sequence[Any]) -> Any:
