@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rawgrad.tensor.ops_nn import reduce_loss
 from rawgrad.tensor.tensor import Tensor
 
 IntOrSeq = int | Sequence[int]
@@ -284,14 +285,6 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | No
 
 
 # ---------------------------------------------------------------------- losses (Tensor methods do the work)
-def _reduce(loss: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def nll_loss(log_probs: Tensor, target: Tensor, reduction: str = "mean", ignore_index: int = -100, *,
@@ -313,11 +306,11 @@ def sparse_categorical_crossentropy(logits: Tensor, target: Tensor, ignore_index
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return _reduce((x - target).square(), reduction)
+    return reduce_loss((x - target).square(), reduction)
 
 
 def l1_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return _reduce((x - target).abs(), reduction)
+    return reduce_loss((x - target).abs(), reduction)
 
 
 def binary_cross_entropy(p: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -334,12 +327,12 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Tensor, reduction: 
 def smooth_l1_loss(x: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
     d = (x - target).abs()
     loss = d * 0.5 * d / beta if beta > 0 else d
-    return _reduce((d < beta).where(loss, d - 0.5 * beta), reduction)
+    return reduce_loss((d < beta).where(loss, d - 0.5 * beta), reduction)
 
 
 def huber_loss(x: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
     d = (x - target).abs()
-    return _reduce((d < delta).where(0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+    return reduce_loss((d < delta).where(0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
 
 
 def kl_div(log_q: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
@@ -347,7 +340,7 @@ def kl_div(log_q: Tensor, target: Tensor, reduction: str = "mean", log_target: b
     loss = target.exp() * (target - log_q) if log_target else target.xlogy(target) - target * log_q
     if reduction == "batchmean":
         return loss.sum() / log_q.shape[0]
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:

@@ -32,7 +32,8 @@ def _t(x: NNOps) -> Tensor:
     return cast("Tensor", x)
 
 
-def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+    """A loss's `reduction` argument as torch takes it (the Tensor methods and nn.functional share it)."""
     if reduction == "mean":
         return loss.mean()
     if reduction == "sum":
@@ -425,7 +426,7 @@ class NNOps:
             loss = loss.reshape(())
         if reduction == "mean":
             return loss.sum() / _mean_divisor(hit, weight, lp.dtype)
-        return _reduce_loss(loss, reduction)
+        return reduce_loss(loss, reduction)
 
     def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,  # noqa: N803
                       *, weight: Tensor | None = None, ignore_index: int = -100) -> Tensor:
@@ -446,7 +447,7 @@ class NNOps:
             t = Y * (1 - label_smoothing) + label_smoothing / n_cls
             if weight is not None:
                 t = t * weight.reshape(wshape)
-            return _reduce_loss(-(logp * t).sum(cdim), reduction)
+            return reduce_loss(-(logp * t).sum(cdim), reduction)
         loss = logp.nll_loss(Y, weight, ignore_index, "none")
         if label_smoothing:
             wl = logp if weight is None else logp * weight.reshape(wshape)
@@ -455,7 +456,7 @@ class NNOps:
         if reduction == "mean":
             hit = _class_hit(Y, n_cls, ignore_index)
             return loss.sum() / _mean_divisor(hit, weight, logp.dtype)
-        return _reduce_loss(loss, reduction)
+        return reduce_loss(loss, reduction)
 
     def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1,  # noqa: N803
                                         label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
@@ -469,7 +470,7 @@ class NNOps:
     def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:  # noqa: N803
         """-(Y log p + (1 - Y) log(1 - p)) for probabilities p = self, the logs clamped at -100 (torch)."""
         x = _t(self)
-        return _reduce_loss(-(Y * x.log().maximum(-100) + (1 - Y) * (1 - x).log().maximum(-100)), reduction)
+        return reduce_loss(-(Y * x.log().maximum(-100) + (1 - Y) * (1 - x).log().maximum(-100)), reduction)
 
     def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean",  # noqa: N803
                                    pos_weight: Tensor | None = None) -> Tensor:
@@ -478,8 +479,8 @@ class NNOps:
         x = _t(self)
         ls = x.logsigmoid()
         if pos_weight is None:
-            return _reduce_loss((1 - Y) * x - ls, reduction)
-        return _reduce_loss((1 - Y) * x - (1 + (pos_weight - 1) * Y) * ls, reduction)
+            return reduce_loss((1 - Y) * x - ls, reduction)
+        return reduce_loss((1 - Y) * x - (1 + (pos_weight - 1) * Y) * ls, reduction)
 
 
 def _class_hit(Y: Tensor, n_cls: int, ignore_index: int) -> Tensor:  # noqa: N803
