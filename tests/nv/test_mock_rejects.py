@@ -82,9 +82,14 @@ def run_fill(d: NVHCQDevice, lib: bytes | None = None) -> np.ndarray:
     d.queue().wait(d.timeline_signal, v - 1).exec(fill, [a, N, K], (N, 1, 1)).signal(d.timeline_signal, v) \
         .submit(d)
     d.timeline_value = v + 1
+    return finish_and_read(d, a)
+
+
+def finish_and_read(d: NVHCQDevice, buf: Any) -> np.ndarray:
+    """Wait for the timeline, then the N int64 values of `buf`; raises DeviceFault if the GPU faulted."""
     d.synchronize(timeout_s=TIMEOUT_S)
     out = np.empty(N, np.int64)
-    d.allocator.copyout(memoryview(out), a)
+    d.allocator.copyout(memoryview(out), buf)
     d.check_fault()
     return out
 
@@ -228,11 +233,7 @@ def fill_wait_add1(dev: NVHCQDevice) -> np.ndarray:
     q = dev.queue().wait(dev.timeline_signal, v - 1).exec(fill, [a, N, K], (N, 1, 1)).wait(ready, 1)
     q.exec(add1, [b, a, N], (N, 1, 1)).signal(dev.timeline_signal, v).submit(dev)  # add1 reads fill's a
     dev.timeline_value = v + 1
-    dev.synchronize(timeout_s=TIMEOUT_S)
-    out = np.empty(N, np.int64)
-    dev.allocator.copyout(memoryview(out), b)
-    dev.check_fault()
-    return out
+    return finish_and_read(dev, b)
 
 
 def test_launches_after_a_wait_are_ordered(dev: NVHCQDevice, mock: MockNV) -> None:
