@@ -11,7 +11,7 @@ from rawgrad import config
 from rawgrad.compiler.renderer import Renderer
 from rawgrad.errors import ArgumentError
 from rawgrad.hcq.allocator import Allocator
-from rawgrad.hcq.errors import DeviceClosedError, HCQError
+from rawgrad.hcq.errors import DeviceClosedError, DeviceUnavailable, HCQError
 from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import HWQueue
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
@@ -23,19 +23,6 @@ A = TypeVar("A")
 
 # The package whose import makes every available driver register itself.
 DRIVERS_PACKAGE = "rawgrad.drivers"
-
-
-DOCTOR_HINT = "`python -m rawgrad doctor` shows which devices work here and why the others do not"
-
-
-class DeviceUnavailable(HCQError, OSError):
-    """A device could not be opened on this machine (no driver node, no permission, a failed bring-up).
-    One line: what is missing, what to do instead, and the doctor command."""
-
-    def __init__(self, device: str, why: str, hint: str = "") -> None:
-        tail = f"; {hint}" if hint else ""
-        super().__init__(f"cannot open device {device}: {why}{tail}; {DOCTOR_HINT}")
-        self.device, self.why = device, why
 
 
 class HCQDevice:

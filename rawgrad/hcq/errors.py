@@ -1,7 +1,8 @@
 """Errors raised by the HCQ core and its drivers."""
 from __future__ import annotations
 
-__all__ = ["DeviceClosedError", "DeviceFault", "DeviceTimeout", "HCQError", "OutOfVirtualMemory"]
+__all__ = ["DeviceClosedError", "DeviceFault", "DeviceTimeout", "DeviceUnavailable", "HCQError",
+           "OutOfVirtualMemory"]
 
 
 class HCQError(Exception):
@@ -33,6 +34,19 @@ class DeviceClosedError(DeviceFault):
                          f"close no longer have their data: make them again (a new {device} opens on next "
                          f"use)")
         self.device = device
+
+
+DOCTOR_HINT = "`python -m rawgrad doctor` shows which devices work here and why the others do not"
+
+
+class DeviceUnavailable(HCQError, OSError):
+    """A device could not be opened on this machine (no driver node, no permission, a failed bring-up).
+    One line: what is missing, what to do instead, and the doctor command."""
+
+    def __init__(self, device: str, why: str, hint: str = "") -> None:
+        tail = f"; {hint}" if hint else ""
+        super().__init__(f"cannot open device {device}: {why}{tail}; {DOCTOR_HINT}")
+        self.device, self.why = device, why
 
 
 class OutOfVirtualMemory(HCQError, MemoryError):
