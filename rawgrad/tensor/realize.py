@@ -185,7 +185,7 @@ def _evict(n: int) -> None:
     devices = {id(ck.program.device): ck.program.device for ck in _evicted}
     dropped = [_kernel_cache.popitem(last=False)[1] for _ in range(n)]
     for dev in devices.values():
-        if not getattr(dev, "closed", False):
+        if not dev.closed:
             dev.synchronize()
     _evicted = dropped
 
