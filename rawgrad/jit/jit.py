@@ -49,6 +49,7 @@ from rawgrad.tensor import realize as _realize
 from rawgrad.tensor import tensor as _tensor_module
 from rawgrad.tensor.buffers import DeviceMemory, buffer_numpy, buffer_write, device_memory, new_buffer
 from rawgrad.tensor.interpret import is_realized
+from rawgrad.tensor.schedule import is_scalar_arg
 from rawgrad.tensor.tensor import Tensor, pending_view_assigns
 
 __all__ = ["JitError", "TinyJit"]
@@ -448,7 +449,9 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     devices: dict[str, list[Any]] = {}
     var_vals: dict[UOp, int] = {}
     for ei in record:
-        var_vals.update(ei.var_vals)
+        # a kernel's float constants are its own arguments (each kernel numbers them from 0): they become
+        # fixed words of its launch below, not variables of the graph
+        var_vals.update((v, val) for v, val in ei.var_vals.items() if not is_scalar_arg(v))
     # intermediates per device, placed in that device's arena
     arena_plan: dict[str, tuple[dict[UOp, int], int]] = {}
     for dev in sorted({b.device for b in intermediates}):
@@ -497,7 +500,8 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
                                f"{e}") from e
             if not gsize.variables():
                 gsize = sym_eval(gsize, {})
-        args = [address(b, dev) for b in ei.bufs] + list(ck.linear.variables)
+        args = [address(b, dev) for b in ei.bufs] + \
+            [ei.var_vals[v] if is_scalar_arg(v) else v for v in ck.linear.variables]
         devices[dev].append(KernelCommand(ck.program, args, gsize))
         kernels += 1
 

@@ -18,9 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from rawgrad.compiler.ir import ALU, MOVEMENT, Ops, UOp, prod
+import numpy as np
+
+from rawgrad.compiler.ir import ALU, MOVEMENT, Ops, UOp, Variable, prod
 from rawgrad.compiler.view import ShapeTracker
-from rawgrad.dtype import dtypes
+from rawgrad.dtype import DType, dtypes, f32_to_bf16_bits
 from rawgrad.tensor.buffers import new_buffer, writable_view
 
 DEPTH_CUT = 1000  # graph levels per kernel walk at most, in graphs deeper than DEEP_GRAPH
@@ -38,6 +40,53 @@ class ScheduleItem:
     bufs: list[UOp]  # BUFFER nodes by slot: bufs[0] is written, the rest are read
     var_vals: dict[UOp, int] = field(default_factory=dict)
     name: str = ""
+
+
+# ---------------------------------------------------------------------- scalar constants as kernel arguments
+# A float constant in a kernel (`x * 0.37`, a learning rate, an epsilon) is passed as a kernel argument, not
+# baked into the code, so `x * 0.37` and `x * 0.38` share one compiled kernel (issue 15 §7: every new
+# constant used to compile and load a new kernel). The argument is the constant's bit pattern as a signed
+# integer of the dtype's width, carried in the kernel's ordinary i64 scalar slot and bitcast back in the
+# kernel: no renderer or queue needs a float argument type, and the value is exact.
+# Kept as literals: these few values fold into cheaper code (x * 1, where(m, x, 0), relu) and can create
+# at most a few kernels per graph shape; ints (index arithmetic, `% n` strength-reduced by the compiler)
+# and bools stay literals too.
+SCALAR_ARG_PREFIX = "scalar."
+LITERAL_FLOATS = (0.0, 1.0, -1.0)
+_FLOAT_BITS = {dtypes.float16: (np.float16, np.int16), dtypes.float32: (np.float32, np.int32),
+               dtypes.float64: (np.float64, np.int64)}
+_SIGNED_OF_WIDTH = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
+
+
+def is_scalar_arg(var: UOp) -> bool:
+    """Is this DEFINE_VAR a float constant passed as a kernel argument (see `scalar_arg`)?"""
+    return var.op is Ops.DEFINE_VAR and str(var.arg[0]).startswith(SCALAR_ARG_PREFIX)
+
+
+def _passes_as_argument(dtype: DType, value: Any) -> bool:
+    return dtype.is_float and isinstance(value, float) and value not in LITERAL_FLOATS
+
+
+def _float_bits(dtype: DType, value: float) -> int:
+    """`value` rounded to `dtype` (as a literal of that dtype would be), as a signed integer bit pattern."""
+    with np.errstate(over="ignore"):  # a value past the dtype's range becomes inf, as a literal would
+        if dtype == dtypes.bfloat16:
+            return int(f32_to_bf16_bits(np.array([value], np.float32)).view(np.int16)[0])
+        float_type, int_type = _FLOAT_BITS[dtype]
+        return int(np.array([value], float_type).view(int_type)[0])
+
+
+def scalar_arg(dtype: DType, value: float, index: int) -> tuple[UOp, UOp, int]:
+    """(the argument variable, the kernel value expression reading it, the argument's value) for the
+    `index`-th float constant of a kernel. Variables are named by position in the kernel, not by value, so
+    kernels that differ only in their constants have equal ASTs (one compile, one cache entry)."""
+    signed = _SIGNED_OF_WIDTH[dtype.itemsize]
+    var = Variable(f"{SCALAR_ARG_PREFIX}{index}", int(signed.min), int(signed.max))
+    return var, UOp(Ops.BITCAST, dtype, (var.cast(signed),)), _float_bits(dtype, value)
+
+
+def _has_mask(st: ShapeTracker) -> bool:
+    return any(v.mask is not None for v in st.views)
 
 
 def _unbind(x: Any, var_vals: dict[UOp, int]) -> Any:
@@ -242,7 +291,9 @@ class _Scheduler:
             tmp = self.realize_node(UOp(Ops.CONTIGUOUS, root.dtype, (root,)))
             kb = _KernelBuilder(self, UOp(Ops.RESHAPE, tmp.dtype, (tmp,), root.shape), out_buf, out_view)
             ast = kb.build()
-        self.items.append(ScheduleItem(ast, kb.bufs, {v: self.var_vals[v] for v in kb.variables}, kb.name()))
+        var_vals = {v: self.var_vals[v] for v in kb.variables if not is_scalar_arg(v)}
+        var_vals.update(kb.scalar_vals)
+        self.items.append(ScheduleItem(ast, kb.bufs, var_vals, kb.name()))
 
 
 class _KernelBuilder:
@@ -252,6 +303,7 @@ class _KernelBuilder:
         self.bufs: list[UOp] = [out_buf]
         self.reduce: UOp | None = None
         self.variables: set[UOp] = set()
+        self.scalar_vals: dict[UOp, int] = {}  # float constants passed as arguments (see `scalar_arg`)
         self.reads_output_differently = False
         self.ops_seen: list[str] = []
         self.memo: dict[tuple[UOp, ShapeTracker], UOp] = {}
@@ -331,6 +383,10 @@ class _KernelBuilder:
         return self.load(buf, where + st)
 
     def visit(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:
+        if node.op is Ops.CONST:
+            # not memoized: each use of a constant is its own argument, so which constants share an argument
+            # never depends on their values (equal constants would otherwise share one and change the AST)
+            return self._visit(node, st, single, above_reduce)
         key = (node, st)
         hit = self.memo.get(key)
         if hit is not None:
@@ -351,6 +407,8 @@ class _KernelBuilder:
         if op is Ops.BUFFER:
             return self.load(node, ShapeTracker.from_shape(node.shape) + st)
         if op is Ops.CONST:
+            if _passes_as_argument(node.dtype, node.arg):  # type: ignore[arg-type]
+                return self.scalar_value(node.dtype, node.arg, st)  # type: ignore[arg-type]
             return UOp(Ops.CONST, node.dtype, (UOp(Ops.VIEW, None, (), st),), node.arg)
         if op in (Ops.DEFINE_VAR, Ops.BIND):
             var = _unbind(node, s.var_vals)
@@ -388,6 +446,15 @@ class _KernelBuilder:
         if op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN):
             return self.load_value(node, s.realize_node(node), st)
         raise NotImplementedError(f"scheduler cannot handle {op} in a tensor graph")
+
+    def scalar_value(self, dtype: DType, value: float, st: ShapeTracker) -> UOp:
+        """A float constant read from a kernel argument; where `st` pads it, the padding reads 0."""
+        var, expr, word = scalar_arg(dtype, value, len(self.scalar_vals))
+        self.scalar_vals[var] = word
+        if not _has_mask(st):
+            return expr
+        valid = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, None, (), st),), True)
+        return UOp(Ops.WHERE, dtype, (valid, expr, UOp(Ops.CONST, dtype, (), 0.0)))
 
     def _gather(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:
         """Table rows by index: the table is read from a buffer at an address computed from the index
