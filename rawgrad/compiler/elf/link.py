@@ -1,157 +1,79 @@
-"""Our own ELF64 parser, linker and loader for relocatable objects (ET_REL).
+"""Lay out a relocatable object for a chosen base address and apply its relocations (pure Python).
 
-``ElfFile.parse`` reads any ELF64 little-endian file (x86-64 and aarch64 objects, NVIDIA cubins, AMD code
-objects) and bounds-checks every offset. ``link`` lays out a relocatable object for a given base address
-and applies its relocations in pure Python (usable for any supported machine, which is how the aarch64
-relocations are tested on an x86-64 host). ``load`` maps the linked image into executable memory of this
-process.
-
-Image layout (one anonymous mapping, each part page aligned so it can carry its own protection):
-
-    [ executable sections | call stubs ]  [ read-only sections | GOT ]  [ writable sections | .bss | COMMON ]
-                 R-X                                   R--                              RW-
-
-W^X policy: the mapping is created read-write, filled and relocated, then each part is ``mprotect``-ed;
-no page is ever writable and executable at the same time, and the GOT becomes read-only (like RELRO).
-
-External calls (x86-64 ``R_X86_64_PLT32``, aarch64 ``CALL26``/``JUMP26`` against undefined symbols) go
-straight to their target when it is within the instruction's reach and otherwise through a stub placed in
-the executable part: x86-64 ``jmp qword ptr [rip+0]`` followed by the 64-bit target (no register is
-clobbered), aarch64 ``ldr x16, #8; br x16`` followed by the target (x16 is the psABI's intra-procedure-call
-scratch register, so a veneer may clobber it). GOT-relative relocations use 8-byte slots we build in the
-read-only part.
+Works for any supported machine (x86-64, aarch64), which is how the aarch64 relocations are tested on an
+x86-64 host. The layout, the call stubs and the GOT are described in ``rawgrad.compiler.elf``'s docstring.
 """
 
 from __future__ import annotations
 
 import mmap
-import os
-import platform
 import struct
-import threading
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rawgrad import mappings
-
-__all__ = ["ElfError", "ElfFile", "ElfReloc", "ElfSection", "ElfSymbol", "LinkedImage", "LoadedImage",
-           "link", "load"]
-
-
-class ElfError(Exception):
-    """A malformed ELF file, or an object that cannot be linked/loaded (the message says why)."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# ELF constants (System V gABI, "ELF-64 Object File Format" and elf.h)
-# ---------------------------------------------------------------------------------------------------------
-ELF_MAGIC = b"\x7fELF"  # e_ident[EI_MAG0..3]
-EI_CLASS = 4  # e_ident index of the file class
-EI_DATA = 5  # e_ident index of the data encoding
-EI_VERSION = 6  # e_ident index of the ELF version
-ELFCLASS64 = 2  # e_ident[EI_CLASS] for 64-bit objects
-ELFDATA2LSB = 1  # e_ident[EI_DATA] for little-endian
-EV_CURRENT = 1  # the only ELF version
-
-ET_REL = 1  # e_type: relocatable object
-ET_EXEC = 2  # e_type: executable
-ET_DYN = 3  # e_type: shared object
-
-EM_X86_64 = 62  # e_machine: AMD x86-64
-EM_AARCH64 = 183  # e_machine: ARM 64-bit
-EM_CUDA = 190  # e_machine: NVIDIA CUDA (cubins)
-EM_AMDGPU = 224  # e_machine: AMD GPU code objects
-
-SHT_NULL = 0  # sh_type values (gABI)
-SHT_PROGBITS = 1
-SHT_SYMTAB = 2
-SHT_STRTAB = 3
-SHT_RELA = 4
-SHT_DYNSYM = 11
-SHT_NOBITS = 8
-SHT_REL = 9
-SHT_SYMTAB_SHNDX = 18
-
-SHF_WRITE = 0x1  # sh_flags bits (gABI)
-SHF_ALLOC = 0x2
-SHF_EXECINSTR = 0x4
-SHF_TLS = 0x400
-
-SHN_UNDEF = 0  # special section indices (gABI)
-SHN_LORESERVE = 0xFF00
-SHN_ABS = 0xFFF1
-SHN_COMMON = 0xFFF2
-SHN_XINDEX = 0xFFFF
-
-STB_LOCAL = 0  # symbol binding, high nibble of st_info (gABI)
-STB_GLOBAL = 1
-STB_WEAK = 2
-
-STT_NOTYPE = 0  # symbol type, low nibble of st_info (gABI)
-STT_OBJECT = 1
-STT_FUNC = 2
-STT_SECTION = 3
-STT_FILE = 4
-STT_TLS = 6
-
-# Record layouts (ELF-64 Object File Format, little-endian).
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr
-_SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
-_SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym
-_RELA = struct.Struct("<QQq")  # Elf64_Rela
-_REL = struct.Struct("<QQ")  # Elf64_Rel
-_R_SYM_SHIFT = 32  # ELF64_R_SYM(info) = info >> 32
-_R_TYPE_MASK = 0xFFFFFFFF  # ELF64_R_TYPE(info) = info & 0xffffffff
-_ST_BIND_SHIFT = 4  # ELF64_ST_BIND(info) = info >> 4
-_ST_TYPE_MASK = 0xF  # ELF64_ST_TYPE(info) = info & 0xf
-
-# ---------------------------------------------------------------------------------------------------------
-# Relocation types
-# ---------------------------------------------------------------------------------------------------------
-# x86-64 psABI, table "Relocation Types".
-R_X86_64_NONE = 0
-R_X86_64_64 = 1
-R_X86_64_PC32 = 2
-R_X86_64_PLT32 = 4
-R_X86_64_GOTPCREL = 9
-R_X86_64_32 = 10
-R_X86_64_32S = 11
-R_X86_64_PC64 = 24
-R_X86_64_GOTOFF64 = 25
-R_X86_64_GOTPC32 = 26
-R_X86_64_GOTPC64 = 29
-R_X86_64_GOTPCRELX = 41
-R_X86_64_REX_GOTPCRELX = 42
-
-# ELF for the Arm 64-bit Architecture (AAELF64), section "Relocation codes".
-R_AARCH64_NONE = 0
-R_AARCH64_ABS64 = 257
-R_AARCH64_ABS32 = 258
-R_AARCH64_PREL64 = 260
-R_AARCH64_PREL32 = 261
-R_AARCH64_MOVW_UABS_G0 = 263
-R_AARCH64_MOVW_UABS_G0_NC = 264
-R_AARCH64_MOVW_UABS_G1 = 265
-R_AARCH64_MOVW_UABS_G1_NC = 266
-R_AARCH64_MOVW_UABS_G2 = 267
-R_AARCH64_MOVW_UABS_G2_NC = 268
-R_AARCH64_MOVW_UABS_G3 = 269
-R_AARCH64_ADR_PREL_LO21 = 274
-R_AARCH64_ADR_PREL_PG_HI21 = 275
-R_AARCH64_ADR_PREL_PG_HI21_NC = 276
-R_AARCH64_ADD_ABS_LO12_NC = 277
-R_AARCH64_LDST8_ABS_LO12_NC = 278
-R_AARCH64_TSTBR14 = 279
-R_AARCH64_CONDBR19 = 280
-R_AARCH64_JUMP26 = 282
-R_AARCH64_CALL26 = 283
-R_AARCH64_LDST16_ABS_LO12_NC = 284
-R_AARCH64_LDST32_ABS_LO12_NC = 285
-R_AARCH64_LDST64_ABS_LO12_NC = 286
-R_AARCH64_LDST128_ABS_LO12_NC = 299
-R_AARCH64_ADR_GOT_PAGE = 311
-R_AARCH64_LD64_GOT_LO12_NC = 312
+from rawgrad.compiler.elf.consts import (
+    EM_AARCH64,
+    EM_X86_64,
+    ET_REL,
+    R_AARCH64_ABS32,
+    R_AARCH64_ABS64,
+    R_AARCH64_ADD_ABS_LO12_NC,
+    R_AARCH64_ADR_GOT_PAGE,
+    R_AARCH64_ADR_PREL_LO21,
+    R_AARCH64_ADR_PREL_PG_HI21,
+    R_AARCH64_ADR_PREL_PG_HI21_NC,
+    R_AARCH64_CALL26,
+    R_AARCH64_CONDBR19,
+    R_AARCH64_JUMP26,
+    R_AARCH64_LD64_GOT_LO12_NC,
+    R_AARCH64_LDST8_ABS_LO12_NC,
+    R_AARCH64_LDST16_ABS_LO12_NC,
+    R_AARCH64_LDST32_ABS_LO12_NC,
+    R_AARCH64_LDST64_ABS_LO12_NC,
+    R_AARCH64_LDST128_ABS_LO12_NC,
+    R_AARCH64_MOVW_UABS_G0,
+    R_AARCH64_MOVW_UABS_G0_NC,
+    R_AARCH64_MOVW_UABS_G1,
+    R_AARCH64_MOVW_UABS_G1_NC,
+    R_AARCH64_MOVW_UABS_G2,
+    R_AARCH64_MOVW_UABS_G2_NC,
+    R_AARCH64_MOVW_UABS_G3,
+    R_AARCH64_NONE,
+    R_AARCH64_PREL32,
+    R_AARCH64_PREL64,
+    R_AARCH64_TSTBR14,
+    R_X86_64_32,
+    R_X86_64_32S,
+    R_X86_64_64,
+    R_X86_64_GOTOFF64,
+    R_X86_64_GOTPC32,
+    R_X86_64_GOTPC64,
+    R_X86_64_GOTPCREL,
+    R_X86_64_GOTPCRELX,
+    R_X86_64_NONE,
+    R_X86_64_PC32,
+    R_X86_64_PC64,
+    R_X86_64_PLT32,
+    R_X86_64_REX_GOTPCRELX,
+    SHF_ALLOC,
+    SHF_EXECINSTR,
+    SHF_TLS,
+    SHF_WRITE,
+    SHN_ABS,
+    SHN_COMMON,
+    SHN_LORESERVE,
+    SHN_UNDEF,
+    SHT_NOBITS,
+    STB_GLOBAL,
+    STB_LOCAL,
+    STB_WEAK,
+    STT_FILE,
+    STT_FUNC,
+    STT_SECTION,
+    ElfError,
+)
+from rawgrad.compiler.elf.host import process_symbol
+from rawgrad.compiler.elf.parse import ElfFile, ElfReloc, ElfSection, ElfSymbol
 
 # aarch64 LDST*_ABS_LO12_NC: the 12-bit offset is scaled by the access size (log2 bytes), AAELF64.
 _AARCH64_LDST_SHIFT = {R_AARCH64_LDST8_ABS_LO12_NC: 0, R_AARCH64_LDST16_ABS_LO12_NC: 1,
@@ -208,222 +130,6 @@ _MAPPING_SYMBOL_PREFIX = "$"
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _UINT32 = (0, (1 << 32) - 1)
 _ANY32 = (-(1 << 31), (1 << 32) - 1)  # AAELF64 32-bit data relocations accept signed or unsigned values
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Parser
-# ---------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ElfSection:
-    """One section header plus its bytes (empty for SHT_NOBITS)."""
-
-    index: int
-    name: str
-    type: int
-    flags: int
-    addr: int
-    offset: int
-    size: int
-    link: int
-    info: int
-    align: int
-    entsize: int
-    data: bytes = field(repr=False)
-
-
-@dataclass(frozen=True)
-class ElfSymbol:
-    """One symbol-table entry; ``section_index`` is the resolved st_shndx (SHN_XINDEX expanded)."""
-
-    name: str
-    value: int
-    size: int
-    type: int
-    bind: int
-    section_index: int
-
-
-@dataclass(frozen=True)
-class ElfReloc:
-    """One relocation: patch ``offset`` bytes into section ``section_index``.
-
-    ``explicit_addend`` is False for SHT_REL entries, whose addend lives in the patched bytes (then
-    ``addend`` is 0).
-    """
-
-    section_index: int
-    offset: int
-    type: int
-    symbol: ElfSymbol
-    addend: int
-    explicit_addend: bool = True
-
-
-def _unpack(st: struct.Struct, data: bytes, off: int, what: str) -> tuple:
-    if off < 0 or off + st.size > len(data):
-        raise ElfError(f"truncated ELF: {what} at offset {off:#x} (+{st.size}) is past the end "
-                       f"({len(data)} bytes)")
-    return st.unpack_from(data, off)
-
-
-def _cstring(table: bytes, off: int, what: str) -> str:
-    if not 0 <= off < len(table):
-        if off == 0 and not table:
-            return ""
-        raise ElfError(f"corrupt ELF: {what} name offset {off:#x} is outside its string table "
-                       f"({len(table)} bytes)")
-    end = table.find(b"\0", off)
-    if end < 0:
-        raise ElfError(f"corrupt ELF: {what} name at offset {off:#x} is not NUL-terminated")
-    return table[off:end].decode("utf-8", errors="replace")
-
-
-class ElfFile:
-    """A parsed ELF64 little-endian file: sections, the symbol table and all relocations."""
-
-    machine: int
-    elf_type: int
-    flags: int
-    entry: int
-    sections: list[ElfSection]
-    symbols: list[ElfSymbol]
-    relocations: list[ElfReloc]
-
-    def __init__(self, machine: int, elf_type: int, flags: int, entry: int, sections: list[ElfSection],
-                 symbols: list[ElfSymbol], relocations: list[ElfReloc]) -> None:
-        self.machine, self.elf_type, self.flags, self.entry = machine, elf_type, flags, entry
-        self.sections, self.symbols, self.relocations = sections, symbols, relocations
-
-    def __repr__(self) -> str:
-        return (f"ElfFile(machine={self.machine}, type={self.elf_type}, sections={len(self.sections)}, "
-                f"symbols={len(self.symbols)}, relocations={len(self.relocations)})")
-
-    def section(self, name: str) -> ElfSection:
-        """The first section called ``name``; ElfError listing the existing names when absent."""
-        for s in self.sections:
-            if s.name == name:
-                return s
-        names = ", ".join(s.name for s in self.sections if s.name)
-        raise ElfError(f"ELF has no section {name!r} (sections: {names})")
-
-    @staticmethod
-    def parse(data: bytes) -> ElfFile:
-        """Parse an ELF64 little-endian file; ElfError on truncated or corrupt input."""
-        data = bytes(data)
-        if len(data) < _EHDR.size:
-            raise ElfError(f"truncated ELF: {len(data)} bytes is shorter than the {_EHDR.size}-byte "
-                           f"ELF64 header")
-        (ident, e_type, e_machine, e_version, e_entry, _phoff, e_shoff, e_flags, _ehsize, _phentsize, _phnum,
-         e_shentsize, e_shnum, e_shstrndx) = _EHDR.unpack_from(data, 0)
-        if ident[:4] != ELF_MAGIC:
-            raise ElfError(f"not an ELF file: magic is {ident[:4]!r}, expected {ELF_MAGIC!r}")
-        if ident[EI_CLASS] != ELFCLASS64:
-            raise ElfError(f"unsupported ELF class {ident[EI_CLASS]} (only ELFCLASS64={ELFCLASS64})")
-        if ident[EI_DATA] != ELFDATA2LSB:
-            raise ElfError(f"unsupported ELF data encoding {ident[EI_DATA]} (only little-endian)")
-        # A cubin keeps its CUDA ELF ABI version in e_version (ptxas writes 0x81), so only the ident byte
-        # is the ELF version there.
-        if ident[EI_VERSION] != EV_CURRENT or (e_version != EV_CURRENT and e_machine != EM_CUDA):
-            raise ElfError(f"unsupported ELF version {ident[EI_VERSION]}/{e_version}")
-
-        raw = []
-        if e_shoff:
-            if e_shentsize != _SHDR.size:
-                raise ElfError(f"corrupt ELF: e_shentsize is {e_shentsize}, expected {_SHDR.size}")
-            first = _unpack(_SHDR, data, e_shoff, "section header 0")
-            count = e_shnum if e_shnum else first[5]  # gABI: e_shnum == 0 -> count is section 0's sh_size
-            if e_shstrndx == SHN_XINDEX:
-                e_shstrndx = first[6]  # gABI: the real index is section 0's sh_link
-            if e_shoff + count * _SHDR.size > len(data):
-                raise ElfError(f"truncated ELF: {count} section headers at {e_shoff:#x} exceed "
-                               f"{len(data)} bytes")
-            raw = [_SHDR.unpack_from(data, e_shoff + i * _SHDR.size) for i in range(count)]
-
-        def section_bytes(i: int) -> bytes:
-            _n, sh_type, _f, _a, off, size = raw[i][:6]
-            if sh_type in (SHT_NOBITS, SHT_NULL):
-                return b""
-            if off + size > len(data):
-                raise ElfError(f"truncated ELF: section {i} data [{off:#x}, {off + size:#x}) "
-                               f"exceeds the file ({len(data)} bytes)")
-            return data[off:off + size]
-
-        shstr = b""
-        if raw and e_shstrndx != SHN_UNDEF:
-            if e_shstrndx >= len(raw):
-                raise ElfError(f"corrupt ELF: e_shstrndx {e_shstrndx} out of range ({len(raw)} sections)")
-            shstr = section_bytes(e_shstrndx)
-        sections = []
-        for i, (nm, typ, flg, addr, off, size, lnk, info, align, entsize) in enumerate(raw):
-            name = _cstring(shstr, nm, f"section {i}") if shstr else ""
-            sections.append(ElfSection(i, name, typ, flg, addr, off, size, lnk, info, align, entsize,
-                                       section_bytes(i)))
-
-        symtabs: dict[int, list[ElfSymbol]] = {}
-
-        def symbols_of(idx: int) -> list[ElfSymbol]:
-            if idx in symtabs:
-                return symtabs[idx]
-            if not 0 < idx < len(sections):
-                raise ElfError(f"corrupt ELF: symbol table index {idx} out of range "
-                               f"({len(sections)} sections)")
-            sec = sections[idx]
-            if sec.type not in (SHT_SYMTAB, SHT_DYNSYM):
-                raise ElfError(f"corrupt ELF: section {idx} ({sec.name!r}) is not a symbol table")
-            if sec.size % _SYM.size:
-                raise ElfError(f"corrupt ELF: symbol table {sec.name!r} size {sec.size} is not a multiple of "
-                               f"{_SYM.size}")
-            if not 0 <= sec.link < len(sections):
-                raise ElfError(f"corrupt ELF: symbol table {sec.name!r} links string table {sec.link}, "
-                               f"out of range")
-            strtab = sections[sec.link].data
-            xindex = next((s.data for s in sections if s.type == SHT_SYMTAB_SHNDX and s.link == idx), b"")
-            out = []
-            for k in range(sec.size // _SYM.size):
-                st_name, st_info, _other, shndx, value, size = _SYM.unpack_from(sec.data, k * _SYM.size)
-                if shndx == SHN_XINDEX:
-                    if 4 * k + 4 > len(xindex):
-                        raise ElfError(f"corrupt ELF: symbol {k} uses SHN_XINDEX but SHT_SYMTAB_SHNDX "
-                                       f"is missing")
-                    shndx = struct.unpack_from("<I", xindex, 4 * k)[0]
-                out.append(ElfSymbol(_cstring(strtab, st_name, f"symbol {k}"), value, size,
-                                     st_info & _ST_TYPE_MASK, st_info >> _ST_BIND_SHIFT, shndx))
-            symtabs[idx] = out
-            return out
-
-        symbols: list[ElfSymbol] = []
-        symtab_idx = next((s.index for s in sections if s.type == SHT_SYMTAB), None)
-        if symtab_idx is not None:
-            symbols = symbols_of(symtab_idx)
-
-        relocations = []
-        for sec in sections:
-            if sec.type not in (SHT_RELA, SHT_REL):
-                continue
-            rela = sec.type == SHT_RELA
-            st = _RELA if rela else _REL
-            if sec.size % st.size:
-                raise ElfError(f"corrupt ELF: relocation section {sec.name!r} size {sec.size} is not "
-                               f"a multiple of {st.size}")
-            if not 0 <= sec.info < len(sections):
-                raise ElfError(f"corrupt ELF: relocation section {sec.name!r} targets section {sec.info}, "
-                               f"out of range")
-            target = sections[sec.info]
-            syms = symbols_of(sec.link) if sec.link else []
-            for k in range(sec.size // st.size):
-                fields = st.unpack_from(sec.data, k * st.size)
-                r_offset, r_info = fields[0], fields[1]
-                addend = fields[2] if rela else 0
-                sym_idx, r_type = r_info >> _R_SYM_SHIFT, r_info & _R_TYPE_MASK
-                if sym_idx >= max(len(syms), 1):
-                    raise ElfError(f"corrupt ELF: relocation {k} in {sec.name!r} names symbol {sym_idx}, "
-                                   f"but the symbol table has {len(syms)}")
-                sym = syms[sym_idx] if syms else ElfSymbol("", 0, 0, STT_NOTYPE, STB_LOCAL, SHN_UNDEF)
-                if target.type != SHT_NOBITS and r_offset >= max(target.size, 1):
-                    raise ElfError(f"corrupt ELF: relocation {k} in {sec.name!r} patches offset "
-                                   f"{r_offset:#x}, outside {target.name!r} ({target.size} bytes)")
-                relocations.append(ElfReloc(sec.info, r_offset, r_type, sym, addend, rela))
-        return ElfFile(e_machine, e_type, e_flags, e_entry, sections, symbols, relocations)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -778,179 +484,9 @@ def link(obj: bytes | ElfFile, base: int, resolve: Callable[[str], int] | None =
     layout = _Layout(elf, page_size)
     if base % page_size:
         raise ElfError(f"base {base:#x} is not aligned to the page size {page_size}")
-    linker = _Linker(layout, base, resolve if resolve is not None else _libc().resolve, force_stubs)
+    linker = _Linker(layout, base, resolve if resolve is not None else process_symbol, force_stubs)
     linker.run()
     sections = {elf.sections[i].name: base + off for i, off in layout.offsets.items()}
     stubs = {name: base + off for name, off in layout.stub_offsets.items()}
     return LinkedImage(base, layout.size, linker.image, linker.symbol_table(), sections, layout.segments,
                        stubs, linker.used_stubs)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Loader (executable memory through libc via cffi)
-# ---------------------------------------------------------------------------------------------------------
-_CDEF = """
-void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
-int mprotect(void *addr, size_t len, int prot);
-int munmap(void *addr, size_t length);
-void *dlopen(const char *filename, int flags);
-void *dlsym(void *handle, const char *symbol);
-"""
-_MAP_FAILED = -1  # (void *)-1, sys/mman.h
-_LIBM_NAME = "libm.so.6"  # glibc's math library soname
-_LIBGCC_NAME = "libgcc_s.so.1"  # holds __clear_cache (instruction-cache flush) on aarch64 hosts
-_HOST_MACHINES = {"x86_64": EM_X86_64, "amd64": EM_X86_64, "aarch64": EM_AARCH64, "arm64": EM_AARCH64}
-
-
-class _Libc:
-    """mmap/mprotect/munmap and dlsym through cffi (ABI mode, no compiler needed)."""
-
-    def __init__(self) -> None:
-        import cffi
-
-        self.ffi = cffi.FFI()
-        self.ffi.cdef(_CDEF)
-        self.lib = self.ffi.dlopen(None)
-        self.handles = [self.ffi.NULL]  # RTLD_DEFAULT (NULL in glibc's dlfcn.h): every loaded library
-        libm = self.lib.dlopen(_LIBM_NAME.encode(), os.RTLD_NOW | os.RTLD_LOCAL)
-        if libm != self.ffi.NULL:
-            self.handles.append(libm)
-        self._lock = threading.Lock()
-
-    def resolve(self, name: str) -> int:
-        for h in self.handles:
-            p = self.lib.dlsym(h, name.encode())
-            if p != self.ffi.NULL:
-                return int(self.ffi.cast("uintptr_t", p))
-        return 0
-
-    def _fail(self, call: str) -> OSError:
-        err = self.ffi.errno
-        return OSError(err, f"{call} failed: {os.strerror(err)}")
-
-    def map(self, size: int) -> int:
-        p = self.lib.mmap(self.ffi.NULL, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-        addr = int(self.ffi.cast("intptr_t", p))
-        if addr == _MAP_FAILED:
-            raise self._fail(f"mmap({size} bytes)")
-        return int(self.ffi.cast("uintptr_t", p))
-
-    def protect(self, addr: int, size: int, prot: int) -> None:
-        if self.lib.mprotect(self.ffi.cast("void *", addr), size, prot) != 0:
-            raise self._fail(f"mprotect({addr:#x}, {size}, {prot})")
-
-    def unmap(self, addr: int, size: int) -> None:
-        if self.lib.munmap(self.ffi.cast("void *", addr), size) != 0:
-            raise self._fail(f"munmap({addr:#x}, {size})")
-
-    def write(self, addr: int, data: bytes | bytearray) -> None:
-        self.ffi.memmove(self.ffi.cast("void *", addr), bytes(data), len(data))
-
-    def flush_icache(self, addr: int, size: int) -> None:
-        """aarch64 needs the instruction cache synchronised with freshly written code (x86 does not)."""
-        fn = self.resolve("__clear_cache")
-        if not fn:
-            h = self.lib.dlopen(_LIBGCC_NAME.encode(), os.RTLD_NOW | os.RTLD_LOCAL)
-            p = self.lib.dlsym(h, b"__clear_cache") if h != self.ffi.NULL else self.ffi.NULL
-            fn = int(self.ffi.cast("uintptr_t", p))
-        if not fn:
-            raise ElfError("cannot flush the instruction cache: __clear_cache not found in libgcc_s")
-        clear = self.ffi.cast("void(*)(void *, void *)", fn)
-        clear(self.ffi.cast("void *", addr), self.ffi.cast("void *", addr + size))
-
-
-_libc_lock = threading.Lock()
-_libc_instance: _Libc | None = None
-
-
-def _libc() -> _Libc:
-    global _libc_instance
-    if _libc_instance is None:
-        with _libc_lock:
-            if _libc_instance is None:
-                _libc_instance = _Libc()
-    return _libc_instance
-
-
-def _unmap(addr: int, size: int) -> None:
-    if mappings.pinned():  # an abandoned worker may still run this code (rawgrad/mappings.py)
-        return
-    _libc().unmap(addr, size)
-
-
-def host_machine() -> int:
-    """The ELF e_machine of this process's CPU (ElfError if the loader does not support it)."""
-    m = platform.machine().lower()
-    if m not in _HOST_MACHINES:
-        raise ElfError(f"the ELF loader does not support host CPU {m!r}")
-    return _HOST_MACHINES[m]
-
-
-class LoadedImage:
-    """A relocated object mapped into executable memory; ``symbols`` maps names to absolute addresses."""
-
-    base: int
-    size: int
-    symbols: dict[str, int]
-
-    def __init__(self, base: int, size: int, symbols: dict[str, int], linked: LinkedImage) -> None:
-        self.base, self.size, self.symbols = base, size, symbols
-        self.section_addresses = linked.section_addresses
-        self.stubs = linked.stubs
-        self.used_stubs = linked.used_stubs
-        self._finalizer = weakref.finalize(self, _unmap, base, size)
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def symbol(self, name: str) -> int:
-        """Absolute address of a defined symbol; ElfError listing the defined names when missing."""
-        if self.closed:
-            raise ElfError(f"image at {self.base:#x} is closed; cannot look up {name!r}")
-        try:
-            return self.symbols[name]
-        except KeyError:
-            raise ElfError(f"symbol {name!r} is not defined in the loaded image "
-                           f"(defined: {', '.join(sorted(self.symbols)) or 'none'})") from None
-
-    def close(self) -> None:
-        """Unmap the image (idempotent; also runs when the object is garbage collected)."""
-        self._finalizer()
-
-    def __enter__(self) -> LoadedImage:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self.symbols)} symbols"
-        return f"LoadedImage(base={self.base:#x}, size={self.size}, {state})"
-
-
-def load(obj: bytes, resolve: Callable[[str], int] | None = None, *,
-         force_stubs: bool = False) -> LoadedImage:
-    """Map a relocatable object for this CPU into executable memory and relocate it (W^X, see module doc)."""
-    elf = ElfFile.parse(obj)
-    host = host_machine()
-    if elf.machine != host:
-        raise ElfError(f"object is for ELF machine {elf.machine}, but this host is machine {host}")
-    libc = _libc()
-    page = mmap.PAGESIZE
-    size = _Layout(elf, page).size
-    size = _align_up(size, page)
-    base = libc.map(size)
-    try:
-        linked = link(elf, base, resolve if resolve is not None else libc.resolve, force_stubs=force_stubs,
-                      page_size=page)
-        libc.write(base, linked.data)
-        if host == EM_AARCH64:
-            libc.flush_icache(base, size)
-        for off, length, prot in linked.segments:
-            libc.protect(base + off, length, prot)
-    except BaseException:
-        libc.unmap(base, size)
-        raise
-    return LoadedImage(base, size, linked.symbols, linked)
