@@ -449,8 +449,8 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     devices: dict[str, list[Any]] = {}
     var_vals: dict[UOp, int] = {}
     for ei in record:
-        # a kernel's float constants are its own arguments (each kernel numbers them from 0): they become
-        # fixed words of its launch below, not variables of the graph
+        # a kernel's float constants are its own arguments (each kernel numbers them from 0): they are bound
+        # to their values in its launch below, not variables of the graph
         var_vals.update((v, val) for v, val in ei.var_vals.items() if not is_scalar_arg(v))
     # intermediates per device, placed in that device's arena
     arena_plan: dict[str, tuple[dict[UOp, int], int]] = {}
@@ -501,7 +501,7 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
             if not gsize.variables():
                 gsize = sym_eval(gsize, {})
         args = [address(b, dev) for b in ei.bufs] + \
-            [ei.var_vals[v] if is_scalar_arg(v) else v for v in ck.linear.variables]
+            [v.bind(ei.var_vals[v]) if is_scalar_arg(v) else v for v in ck.linear.variables]
         devices[dev].append(KernelCommand(ck.program, args, gsize))
         kernels += 1
 
