@@ -382,14 +382,15 @@ def _rendered(t: Tensor) -> tuple[np.ndarray, list[str]]:
     warnings: list[str] = []
     renderer = PTXRenderer()
     for k, si in enumerate(items):
-        assert si.ast is not None and not si.var_vals
+        assert si.ast is not None
         prog = renderer.lower(si.ast, f"k{k}")
         for g in prog.globals:
             buf = si.bufs[g.arg]
             if buf not in addr:
                 addr[buf] = mem.alloc(buffer_numpy(buf)) if is_allocated(buf) else \
                     mem.alloc(max(buf.arg[1], 1) * buf.dtype.itemsize)
-        params = b"".join(struct.pack("<Q", addr[si.bufs[g.arg]]) for g in prog.globals)
+        params = b"".join(struct.pack("<Q", addr[si.bufs[g.arg]]) for g in prog.globals) + \
+            b"".join(struct.pack("<q", si.var_vals[v]) for v in prog.variables)  # float constants
         mod = PTXModule(renderer.render(prog))
         grid, block = launch_dims(int(prog.global_size))
         mod.launch(prog.name, grid, block, params, mem)

@@ -129,7 +129,8 @@ def test_cubin_attributes_match_ptxas_report(arch: str, param_offset: int) -> No
     info = program_info(image, name, arch)
     assert info.has_sass and info.text_offset % cubin.TEXT_ALIGN == 0 and info.text_bytes > 0
     assert info.param_offset == param_offset  # from EIATTR_PARAM_CBANK, as libcuda would use it
-    assert [(p.offset, p.size) for p in info.params] == [(0, 8), (8, 8)]
+    # out, a, and the constant 2.0 (a float constant is a scalar argument: tensor/schedule.py scalar_arg)
+    assert [(p.offset, p.size) for p in info.params] == [(0, 8), (8, 8), (16, 8)]
     assert info.ptx == src and info.constant_banks == ()
     # the register count the QMD gets is the one ptxas reports
     report = subprocess.run([PTXAS, f"-arch={arch}", "-v", "-o", os.devnull, "-"], input=src, text=True,
