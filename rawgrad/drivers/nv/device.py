@@ -146,25 +146,47 @@ class NVDevice:
         return h
 
     def _bring_up(self, entries: int, pb_bytes: int, window_base: int, window_size: int) -> None:
-        os_ = self.os
-        # 1. control node + version -> layout table
+        """Bring the GPU up in NV-FACTS 2.2's order, one named step per method. Each step registers the
+        undo of every object it makes (`_on_close`) as it makes it, so a failure half way leaves exactly
+        the made objects for `close()` to free, newest first."""
+        self._open_control()
+        self._open_uvm()
+        self._open_gpu_node()
+        self._alloc_device()
+        self._pick_classes()
+        self._map_usermode()
+        self._alloc_vaspace()
+        self.gr_info = self._gr_info()  # topology (NV-FACTS 2.2 step 31)
+        self._reserve_shared_window(window_base, window_size)
+        self._alloc_signal_page()
+        self._create_channels(entries, pb_bytes)
+        self._bootstrap_channels()
+
+    def _open_control(self) -> None:
+        """Open /dev/nvidiactl, read the driver version (it picks the struct layout table) and allocate
+        the RM root client on it (NV-FACTS 2.2 steps 1-3). Every later RM object hangs off this client."""
         self.ctl_fd = self._open_kept(CTL_PATH)
-        self.driver_version = abi.query_driver_version(os_, self.ctl_fd)
+        self.driver_version = abi.query_driver_version(self.os, self.ctl_fd)
         self.abi = abi.abi_for_branch(abi.driver_branch(self.driver_version))
-        # 2. RM client
-        self.rm = RMClient(os_, self.ctl_fd, self.abi)
+        self.rm = RMClient(self.os, self.ctl_fd, self.abi)
         self._on_close("free root client", lambda: self.rm.free(self.rm.root))
-        # 3. UVM: primary fd (initialized) + second fd tied to the mm (failure tolerated, as CUDA does)
+
+    def _open_uvm(self) -> None:
+        """Open the primary /dev/nvidia-uvm fd and UVM_INITIALIZE it, then a second fd tied to the
+        process's mm with UVM_MM_INITIALIZE (steps 1, 4, 5); the second may fail, as CUDA tolerates."""
         self.uvm_fd = self._open_kept(UVM_PATH)
-        self.uvm = UVM(os_, self.uvm_fd, self.abi)
+        self.uvm = UVM(self.os, self.uvm_fd, self.abi)
         self.uvm.initialize()
         self.uvm_mm_fd = self._open_kept(UVM_PATH)
         try:
-            UVM(os_, self.uvm_mm_fd, self.abi).mm_initialize(self.uvm_fd)
+            UVM(self.os, self.uvm_mm_fd, self.abi).mm_initialize(self.uvm_fd)
         except NVError:
             pass
-        # 4. enumerate GPUs, open + register the GPU node
-        cards = read_card_info(os_, self.ctl_fd, self.abi)
+
+    def _open_gpu_node(self) -> None:
+        """Enumerate the GPUs (NV_ESC_CARD_INFO on ctl), open /dev/nvidia<minor> for this index and link
+        it to the ctl fd with NV_ESC_REGISTER_FD (steps 6-7); the fd stays open for the device's life."""
+        cards = read_card_info(self.os, self.ctl_fd, self.abi)
         if self.index >= len(cards):
             raise NVError(
                 "NV_ESC_CARD_INFO", detail=f"GPU index {self.index} requested, {len(cards)} present"
@@ -174,8 +196,11 @@ class NVDevice:
         self.pci_device_id = int(card.pci_info.device_id)
         self.gpu_path = f"/dev/nvidia{self.minor}"
         self.gpu_fd = self._open_kept(self.gpu_path)
-        register_fd(os_, self.gpu_fd, self.ctl_fd, self.abi)
-        # 5. device / subdevice
+        register_fd(self.os, self.gpu_fd, self.ctl_fd, self.abi)
+
+    def _alloc_device(self) -> None:
+        """Map the GPU id to its device instance (GPU_GET_ID_INFO_V2 on the client), then allocate
+        NV01_DEVICE_0 under the client and NV20_SUBDEVICE_0 under the device (steps 8-10)."""
         info = self.rm.control(
             self.rm.root,
             abi.NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2,
@@ -194,7 +219,10 @@ class NVDevice:
         self.subdevice = self._alloc_obj(
             self.device, abi.NV20_SUBDEVICE_0, self.abi.new("NV2080_ALLOC_PARAMETERS", subDeviceId=0)
         )
-        # 6. classes
+
+    def _pick_classes(self) -> None:
+        """Read the device's class list (GPU_GET_CLASSLIST, step 12) and pick the newest usermode,
+        GPFIFO, compute and copy classes this code knows; allocates nothing."""
         self.classes = self._class_list()
         self.usermode_class = pick_class(self.classes, abi.USERMODE_CLASSES, "usermode")
         self.gpfifo_class = pick_class(self.classes, abi.GPFIFO_CLASSES, "GPFIFO channel")
@@ -202,7 +230,10 @@ class NVDevice:
         self.copy_class = pick_class(self.classes, abi.COPY_CLASSES, "copy")
         self.host = pbuf.HOST_CLASSES[self.gpfifo_class]
         self.copy_info = pbuf.COPY_CLASSES[self.copy_class]
-        # 7. usermode MMIO (doorbell + timer)
+
+    def _map_usermode(self) -> None:
+        """Allocate the usermode object under the subdevice and CPU-map its MMIO (step 13): the
+        doorbell that submits work and the GPU timer."""
         um_params = (
             self.abi.new("NV_HOPPER_USERMODE_A_PARAMS")
             if abi.ALLOC_PARAM_TYPES.get(self.usermode_class)
@@ -213,7 +244,11 @@ class NVDevice:
             self.subdevice, self.usermode, pbuf.USERMODE_MAP_BYTES, 0, node="gpu"
         )
         self.doorbell_addr = self.usermode_addr + pbuf.USERMODE_NOTIFY_CHANNEL_PENDING
-        # 8. VA space, UUID, UVM registration
+
+    def _alloc_vaspace(self) -> None:
+        """Allocate the GPU VA space (FERMI_VASPACE_A under the device), read the GPU's UUID
+        (GPU_GET_GID_INFO on the subdevice), then UVM_REGISTER_GPU and UVM_REGISTER_GPU_VASPACE hand
+        that VA space to UVM (steps 15-18); both registrations are undone on close."""
         flags = (
             abi.NV_VASPACE_ALLOCATION_FLAGS_ENABLE_PAGE_FAULTING
             | abi.NV_VASPACE_ALLOCATION_FLAGS_IS_EXTERNALLY_OWNED
@@ -239,13 +274,18 @@ class NVDevice:
         self._on_close("UVM_UNREGISTER_GPU", lambda: self.uvm.unregister_gpu(self.uuid))
         self.uvm.register_gpu_vaspace(self.uuid, self.ctl_fd, self.rm.root, self.vaspace)
         self._on_close("UVM_UNREGISTER_GPU_VASPACE", lambda: self.uvm.unregister_gpu_vaspace(self.uuid))
-        # 9. topology
-        self.gr_info = self._gr_info()
-        # 10. the shared CPU/GPU address window and its allocator
+
+    def _reserve_shared_window(self, window_base: int, window_size: int) -> None:
+        """Reserve the CPU address window every buffer lives in (its GPU VA equals its CPU VA) and the
+        allocator that hands out ranges of it; no RM or UVM object is made here."""
         self.window_base = self._reserve_window(window_base, window_size)
         self.window_size = window_size
         self.va = VARangeAllocator(self.window_base, window_size, alignment=SMALL_PAGE)
-        # 11. signal page (host memory; also holds the channels' retirement counters)
+
+    def _alloc_signal_page(self) -> None:
+        """One host page registered with RM and mapped into the GPU VA space through UVM (an OS
+        descriptor, NV-FACTS 3.3; step 32), cut into 16-byte signal slots handed out from the top; it
+        also holds the channels' retirement counters."""
         self.signal_page = self.alloc_host(SIGNAL_PAGE_BYTES)
         self._free_slots = list(
             range(
@@ -254,7 +294,12 @@ class NVDevice:
                 -SIGNAL_SLOT_BYTES,
             )
         )
-        # 12. channel group, subcontext, channels
+
+    def _create_channels(self, entries: int, pb_bytes: int) -> None:
+        """The TSG (KEPLER_CHANNEL_GROUP_A under the device), its subcontext (FERMI_CONTEXT_SHARE_A on
+        the VA space), one contiguous VRAM block holding both rings and their USERD records, the compute
+        and the copy channel (each with its notifier, engine object and UVM registration: `_channel`),
+        and last GPFIFO_SCHEDULE on the TSG (steps 20-29)."""
         self.tsg = self._alloc_obj(
             self.device,
             abi.KEPLER_CHANNEL_GROUP_A,
@@ -281,7 +326,11 @@ class NVDevice:
             abi.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,
             self.abi.new("NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS", bEnable=1),
         )
-        # 13. bootstrap: bind engines on both channels, place compute windows, prove both channels run
+
+    def _bootstrap_channels(self) -> None:
+        """Take the timeline signal, bind the compute class (and place its shared/local memory windows)
+        on the compute channel, then have the copy channel wait for that, bind the copy class and
+        signal; the CPU waits for both, which proves both channels run (steps 33-34). No RM object."""
         self.timeline = self.alloc_signal()
         self.timeline_value = 0
         boot = pbuf.compute_bootstrap(pbuf.PushBuffer(), self.compute_class)
