@@ -1,28 +1,21 @@
-"""rawgrad: a lazy Tensor on hardware command queues. Public names load on first use (no import cycles)."""
+"""rawgrad: a lazy Tensor on hardware command queues.
+
+The package root is the top of the import order (dtype/config <- compiler <- hcq <- drivers <- tensor <- jit
+<- nn <- models <- cli; tests/test_layering.py checks it). It imports the public names directly, and it
+imports rawgrad.drivers so that every driver registers itself in the device registry before any lookup:
+hcq holds the registry but sits below the drivers, so it cannot import them itself. Importing a driver
+only registers a factory; no device is opened and nothing is probed until a tensor first needs a device.
+"""
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from rawgrad import drivers as _drivers  # noqa: F401  (each driver registers itself on import)
+from rawgrad import nn
+from rawgrad.compiler.ir import Variable
 from rawgrad.dtype import DType, dtypes
+from rawgrad.hcq.device import Device
+from rawgrad.jit import TinyJit
+from rawgrad.tensor.autograd import no_grad
+from rawgrad.tensor.realize import GlobalCounters
+from rawgrad.tensor.tensor import Tensor
 
 __all__ = ["Tensor", "Device", "dtypes", "DType", "Variable", "GlobalCounters", "TinyJit", "nn", "no_grad"]
-
-# public name -> (module, attribute in it; None for the module itself)
-_LAZY: dict[str, tuple[str, str | None]] = {
-    "Tensor": ("rawgrad.tensor.tensor", "Tensor"),
-    "Device": ("rawgrad.hcq.device", "Device"),
-    "Variable": ("rawgrad.compiler.ir", "Variable"),
-    "TinyJit": ("rawgrad.jit", "TinyJit"),
-    "nn": ("rawgrad.nn", None),
-    "no_grad": ("rawgrad.tensor.autograd", "no_grad"),
-    "GlobalCounters": ("rawgrad.tensor.realize", "GlobalCounters"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'rawgrad' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    mod = importlib.import_module(module)
-    return mod if attr is None else getattr(mod, attr)

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rawgrad import Device, bench_infer
-from rawgrad import bench as bench_mod
-from rawgrad.jit import bench_dispatch as bd
+from rawgrad import Device
+from rawgrad.cli import bench as bench_mod
+from rawgrad.cli import bench_dispatch as bd
+from rawgrad.cli import bench_infer
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rawgrad.__main__ import ProgressBar, main
+from rawgrad.cli.main import ProgressBar, main
 
 
 def test_infer_gpt2_tiny_generates_and_reports_latency(capsys: pytest.CaptureFixture[str]) -> None:

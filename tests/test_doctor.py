@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from rawgrad import doctor
-from rawgrad.__main__ import main as cli_main
-from rawgrad.doctor import Status, diagnose, render
+from rawgrad.cli import doctor
+from rawgrad.cli.doctor import Status, diagnose, render
+from rawgrad.cli.main import main as cli_main
 from rawgrad.drivers.nv import abi
 from rawgrad.drivers.nv.device import NVDevice
 from rawgrad.drivers.nv.mock import AMPERE, H100, GPUProfile, MockNV

@@ -52,7 +52,7 @@ for s in "${STAGES[@]}"; do
                                which ptxas; ls /usr/local/cuda/bin 2>&1 | head; set -e
                                python3 -c "import cffi, numpy; print(cffi.__version__, numpy.__version__)"
                                python3 -m rawgrad doctor --verbose' ;;
-    smoke) stage smoke 180 python3 -m rawgrad.drivers.nv.smoke ${NV_MOCK:+--mock} --json "$OUT/nv_smoke.json" ;;
+    smoke) stage smoke 180 python3 -m rawgrad smoke ${NV_MOCK:+--mock} --json "$OUT/nv_smoke.json" ;;
     hw) stage hw 120 python3 -m pytest -q -x -p no:cacheprovider tests/nv -m nv ;;
     ops) DEV=NV stage ops 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_hcq_core.py tests/test_ops_elementwise.py ;;
     # shellcheck disable=SC2086

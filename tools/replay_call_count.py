@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from replay_host_cost import DetachedGPU  # type: ignore[import-not-found]
 
     from rawgrad import Device
-    from rawgrad.bench_gpu import EMPTY_THREADS, load_empty_kernel
+    from rawgrad.cli.bench_gpu import EMPTY_THREADS, load_empty_kernel
     from rawgrad.hcq.graph import HCQGraph, KernelCommand, build_template
 
     dev = Device["NV"]

@@ -21,7 +21,7 @@ import cffi  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rawgrad import Device, Tensor, TinyJit  # noqa: E402
-from rawgrad.bench_gpu import EMPTY_THREADS, load_empty_kernel  # noqa: E402
+from rawgrad.cli.bench_gpu import EMPTY_THREADS, load_empty_kernel  # noqa: E402
 from rawgrad.drivers.mmio import native_mmio  # noqa: E402
 from rawgrad.drivers.nv import pushbuf as pbuf  # noqa: E402
 from rawgrad.hcq.graph import HCQGraph, KernelCommand, build_template  # noqa: E402

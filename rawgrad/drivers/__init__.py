@@ -1,24 +1,27 @@
-"""Device drivers. Importing this package lets every driver that can load register itself.
+"""Device drivers. Importing this package makes every driver that can load register itself in the device
+registry (`rawgrad.hcq.device.Device`); rawgrad/__init__.py imports it, so the registry is filled from the
+top before anything looks a device up (hcq sits below the drivers and never imports them).
 
-The CPU driver always loads. Accelerator drivers are optional: a driver package that is absent is
-skipped, and one that fails to import is recorded in the registry (`Device.driver_errors`) so asking
-for that device explains why it is missing instead of breaking every other device.
+The CPU driver always loads. Accelerator drivers are optional: a driver package that is absent is skipped,
+and one that fails to import is recorded in the registry (`Device.driver_errors`), so asking for that
+device explains why it is missing instead of breaking every other device. A new driver adds its own `try`
+block here (plain import statements, so tests/test_layering.py sees every edge).
 """
-import importlib
-
+from rawgrad.drivers import cpu  # noqa: F401  (registers CPU)
 from rawgrad.hcq.device import Device
 
-from . import cpu  # noqa: F401  (registers CPU)
+try:
+    import rawgrad.drivers.nv  # noqa: F401  (registers NV)
+except ModuleNotFoundError as e:
+    if e.name != "rawgrad.drivers.nv":  # the package is there but something it imports is not
+        Device.record_driver_error("NV", e)
+except Exception as e:  # a broken driver must not take the others down
+    Device.record_driver_error("NV", e)
 
-# Optional drivers, by device kind and package name.
-OPTIONAL_DRIVERS = {"NV": "nv", "AMD": "amd", "METAL": "metal"}
-
-for _kind, _pkg in OPTIONAL_DRIVERS.items():
-    _module = f"{__name__}.{_pkg}"
-    try:
-        importlib.import_module(_module)
-    except ModuleNotFoundError as e:
-        if e.name != _module:
-            Device.record_driver_error(_kind, e)
-    except Exception as e:  # a broken driver must not take the others down
-        Device.record_driver_error(_kind, e)
+try:
+    import rawgrad.drivers.amd  # noqa: F401  (registers AMD once that driver has a device)
+except ModuleNotFoundError as e:
+    if e.name != "rawgrad.drivers.amd":
+        Device.record_driver_error("AMD", e)
+except Exception as e:
+    Device.record_driver_error("AMD", e)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rawgrad import bench_gpu
+from rawgrad.cli import bench_gpu
 from rawgrad.hcq import Device
 
 CHAIN = 3

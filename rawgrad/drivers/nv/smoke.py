@@ -1,6 +1,10 @@
 """NV bring-up smoke run: NV-FACTS section 10, one mechanism per step, every outcome recorded.
 
-    python -m rawgrad.drivers.nv.smoke [--mock] [--json PATH]
+    python -m rawgrad smoke [--mock] [--json PATH]
+
+This module holds the driver-level steps (ioctls, channels, semaphores, copies, raw kernels, faults). The
+step that runs Tensor and TinyJit code on the device, and the command line, live in rawgrad/cli/nv_smoke.py:
+a driver sits below the Tensor layer and must not import it, so `run_smoke` takes such steps from above.
 
 Meant for the first minutes on a new GPU, machine or driver: each step runs even when an earlier,
 unrelated one failed (a step whose prerequisite failed is recorded as skipped, with the reason), and the
@@ -14,22 +18,21 @@ If no kernel dispatches with the default PCAS action, the kernel step retries wi
 
 from __future__ import annotations
 
-import argparse
+import functools
 import glob
-import json
 import os
 import platform
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["StepResult", "main", "run_smoke"]
+__all__ = ["SmokeRun", "Step", "StepResult", "render", "run_smoke"]
 
 PROC_VERSION = "/proc/driver/nvidia/version"
 SMI_FIELDS = "name,driver_version,memory.total,mig.mode.current,persistence_mode,clocks.sm,clocks.mem"
@@ -311,27 +314,6 @@ class SmokeRun:
             dev.allocator.free(a)
             dev.allocator.free(b)
 
-    def tensor_ops(self) -> dict[str, Any]:
-        from rawgrad import Tensor, TinyJit
-        name = "NV"  # the registry's device, i.e. self.hcq
-        rng = np.random.default_rng(0)
-        a, b, c = (rng.standard_normal((64, 48)).astype(np.float32) for _ in range(3))
-        ta, tb, tc = (Tensor(x, device=name) for x in (a, b, c))
-        got = {"fma": (ta * tb + tc).numpy(), "sum": ta.sum(axis=1).numpy(), "matmul": (ta @ tb.T).numpy()}
-        want = {"fma": a * b + c, "sum": a.sum(axis=1), "matmul": a @ b.T}
-        errors = {k: float(np.max(np.abs(got[k] - want[k]))) for k in got}
-
-        @TinyJit
-        def step(x: Tensor, y: Tensor) -> Tensor:
-            return ((x * 2 + y).relu() @ y.T).realize()
-
-        for _ in range(4):
-            out = step(ta, tb).numpy()
-        errors["jit"] = float(np.max(np.abs(out - (np.maximum(a * 2 + b, 0) @ b.T))))
-        if max(errors.values()) > 1e-3:
-            raise AssertionError(f"results differ from numpy: {errors}")
-        return {"max_abs_error": errors, "replays": getattr(step, "replays", None)}
-
     def fault(self) -> dict[str, Any]:
         """A store to an unmapped VA must come back as DeviceFault (not a hang), and then either the device
         still works or says it does not."""
@@ -373,7 +355,14 @@ def _run(cmd: list[str]) -> str:
     return p.stdout.strip()
 
 
-def run_smoke(mock: bool = False) -> list[StepResult]:
+# A step added from a higher layer: (name, what it runs on the SmokeRun, the steps it needs). It runs after
+# the driver-level steps and before the fault step, which may leave the device dead.
+Step = tuple[str, Callable[[SmokeRun], dict[str, Any]], tuple[str, ...]]
+
+
+def run_smoke(mock: bool = False, extra_steps: Sequence[Step] = ()) -> list[StepResult]:
+    """Every driver-level step in order, then `extra_steps`, then the fault step; the devices are closed
+    at the end whatever happened."""
     run = SmokeRun(mock)
     try:
         run.step("environment", run.environment)
@@ -385,7 +374,8 @@ def run_smoke(mock: bool = False) -> list[StepResult]:
         run.step("hcq_device", run.hcq_device, ("environment",))
         run.step("first_kernel", run.first_kernel, ("hcq_device",))
         run.step("chained_kernels", run.chained_kernels, ("first_kernel",))
-        run.step("tensor_ops", run.tensor_ops, ("first_kernel",))
+        for name, fn, needs in extra_steps:
+            run.step(name, functools.partial(fn, run), needs)
         run.step("fault", run.fault, ("first_kernel",))  # last: it may leave the device dead
     finally:
         run.close()
@@ -400,20 +390,5 @@ def render(results: list[StepResult]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rawgrad.drivers.nv.smoke", description=__doc__)
-    parser.add_argument("--mock", action="store_true", help="run on the mock driver + GPU (not hardware)")
-    parser.add_argument("--json", help="where to write the results (default $OUT/nv_smoke.json if OUT set)")
-    args = parser.parse_args(argv)
-    results = run_smoke(args.mock)
-    print(render(results))
-    path = args.json or (os.path.join(os.environ["OUT"], "nv_smoke.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump({"mock": args.mock, "steps": [asdict(r) for r in results]}, f, indent=1, default=str)
-        print(f"wrote {path}")
-    return 0 if all(r.status == "ok" for r in results) else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit("the smoke run's command moved: python -m rawgrad smoke [--mock] [--json PATH]")

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rawgrad.bench import median_time
+from rawgrad.cli.bench import median_time
 
 CHAIN_LENGTHS = (1, 10, 100, 1000)
 ELEMENTS = 16

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rawgrad.bench import timed_calls
+from rawgrad.cli.bench import timed_calls
 
 TORCH_MISSING = "n/a (torch not installed)"
 STATISTIC = "p50"  # throughput = units / p50 of the per-call times, on both sides
