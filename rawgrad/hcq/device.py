@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import atexit
-import importlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,10 +19,6 @@ __all__ = ["Device", "DeviceRegistry", "DeviceUnavailable", "HCQDevice"]
 
 T = TypeVar("T")
 A = TypeVar("A")
-
-# The package whose import makes every available driver register itself.
-DRIVERS_PACKAGE = "rawgrad.drivers"
-
 
 class HCQDevice:
     """One device: a timeline signal, an allocator, a compiler and queue/program factories.
@@ -142,8 +137,6 @@ class DeviceRegistry:
         self._instances: dict[str, HCQDevice] = {}
         self._canonical: dict[str, str] = {}  # names already checked (every buffer lookup canonicalizes)
         self._lock = threading.RLock()
-        self._drivers_loaded = False
-        self._drivers_loading = False
         self._atexit_registered = False
         self.driver_errors: dict[str, BaseException] = {}
 
@@ -160,23 +153,18 @@ class DeviceRegistry:
         """Remember why a driver could not load, to explain a later lookup of that kind."""
         self.driver_errors[kind.upper()] = error
 
-    def _load_drivers(self) -> None:
-        if self._drivers_loaded:
-            return
-        with self._lock:  # another thread waits here until every driver has registered
-            if self._drivers_loaded or self._drivers_loading:
-                return  # done, or a lookup made by the drivers' own import code (this thread)
-            self._drivers_loading = True
-            try:
-                importlib.import_module(DRIVERS_PACKAGE)
-            finally:
-                self._drivers_loading = False
-                self._drivers_loaded = True
+    def _require_drivers(self) -> None:
+        """Drivers register themselves when rawgrad.drivers is imported, and the package root
+        (rawgrad/__init__.py) imports it, so every lookup finds them. hcq never imports a driver: the
+        drivers import hcq, and a lower layer reaching up would make a cycle (tests/test_layering.py)."""
+        if not self._drivers:
+            raise RuntimeError("no device driver is registered: rawgrad.drivers was not imported (import "
+                               "rawgrad, which imports it, before looking a device up)")
 
     @property
     def known(self) -> list[str]:
         """Registered device kinds."""
-        self._load_drivers()
+        self._require_drivers()
         return sorted(self._drivers)
 
     def canonicalize(self, name: str) -> str:
@@ -188,7 +176,7 @@ class DeviceRegistry:
             raise ValueError(f"device name must be a non-empty string, got {name!r}")
         kind, _, index = name.strip().partition(":")
         kind = kind.upper()
-        self._load_drivers()
+        self._require_drivers()
         if kind not in self._drivers:
             why = self.driver_errors.get(kind)
             extra = f" (the {kind} driver failed to load: {why!r})" if why is not None else ""
@@ -226,7 +214,7 @@ class DeviceRegistry:
         env = config.DEV()
         if env:
             return self.canonicalize(env)
-        self._load_drivers()
+        self._require_drivers()
         for kind, (_, probe, _) in sorted(self._drivers.items(), key=lambda kv: -kv[1][2]):
             try:
                 if probe():
