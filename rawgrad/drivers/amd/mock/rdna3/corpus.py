@@ -1,0 +1,447 @@
+"""The RDNA3 corpus: hand-written LLVM IR `amdgpu_kernel`s in the shapes rawgrad's kernels take, compiled for
+gfx1100 by llvmlite. tools/amd_optable.py derives the opcode table from them, and tests/amd runs them on the
+interpreter against numpy.
+
+Each kernel maps work-item (x, y) of workgroup (x, y) to the element the IR computes; the launch geometry the
+tests use sits next to the IR in `CorpusKernel`. Compilation follows the facts in ../shared/AMD-METAL-FACTS.md
+section 1.8: triple and datalayout are set before parsing (allocas then land in addrspace(5)); every emission
+(assembly, object) gets a freshly parsed module, because AMDGPU codegen rewrites the module it runs on and a
+second emission from the same module aborts the process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+TRIPLE = "amdgcn-amd-amdhsa"
+CPU = "gfx1100"  # RDNA3, the mock's ISA (AMD-METAL-FACTS.md section 1.1)
+FEATURES = "+cumode"  # HIP's default -mcumode; without it LLVM emits WGP-mode code (section 1.8)
+OPT_LEVEL = 3
+
+_DECLS = """
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workitem.id.y()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.y()
+declare void @llvm.amdgcn.s.barrier()
+declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.minnum.f32(float, float)
+declare float @llvm.fma.f32(float, float, float)
+declare float @llvm.exp2.f32(float)
+declare float @llvm.log2.f32(float)
+declare float @llvm.sqrt.f32(float)
+declare float @llvm.fabs.f32(float)
+declare float @llvm.floor.f32(float)
+declare i32 @llvm.smin.i32(i32, i32)
+declare i32 @llvm.umax.i32(i32, i32)
+"""
+
+# a barrier as an AMD renderer writes it: workgroup-scope release, s_barrier, acquire (tinygrad's AMD-LLVM)
+_BARRIER = """  fence syncscope("workgroup") release
+  call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire"""
+
+
+@dataclass(frozen=True)
+class CorpusKernel:
+    """One kernel: its name (the IR function), the IR body, and the workgroup size it was written for."""
+
+    name: str
+    ir: str
+    local: tuple[int, int]  # workgroup size (x, y); the IR hard-codes it in its index arithmetic
+
+
+def _kernel(name: str, params: str, body: str, local: tuple[int, int]) -> CorpusKernel:
+    size = local[0] * local[1]
+    ir = (f"define amdgpu_kernel void @{name}({params}) #0 {{\n{body}\n}}\n"
+          f'attributes #0 = {{ "amdgpu-flat-work-group-size"="1,{size}" nounwind }}\n')
+    return CorpusKernel(name, ir, local)
+
+
+_GLOBAL_INDEX = """  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %base = mul i32 %wg, 64
+  %i = add i32 %base, %tid
+  %inb = icmp slt i32 %i, %n
+  br i1 %inb, label %body, label %done
+body:"""
+
+_G = "ptr addrspace(1) noalias"
+
+# out = relu(a * b + c), out2 = a / b, out3 = exp2(min(a, 8)) + sqrt(|b|) + floor(c) ... (f32 elementwise)
+EW_F32 = _kernel("ew_f32", f"{_G} %out, {_G} %out2, {_G} %out3, {_G} %a, {_G} %b, {_G} %c, i32 %n",
+                 _GLOBAL_INDEX + """
+  %pa = getelementptr float, ptr addrspace(1) %a, i32 %i
+  %pb = getelementptr float, ptr addrspace(1) %b, i32 %i
+  %pc = getelementptr float, ptr addrspace(1) %c, i32 %i
+  %va = load float, ptr addrspace(1) %pa
+  %vb = load float, ptr addrspace(1) %pb
+  %vc = load float, ptr addrspace(1) %pc
+  %m = fmul float %va, %vb
+  %s = fadd float %m, %vc
+  %r = call float @llvm.maxnum.f32(float %s, float 0.0)
+  %po = getelementptr float, ptr addrspace(1) %out, i32 %i
+  store float %r, ptr addrspace(1) %po
+  %d = fdiv float %va, %vb
+  %po2 = getelementptr float, ptr addrspace(1) %out2, i32 %i
+  store float %d, ptr addrspace(1) %po2
+  %am = call float @llvm.minnum.f32(float %va, float 8.0)
+  %e = call float @llvm.exp2.f32(float %am)
+  %ab = call float @llvm.fabs.f32(float %vb)
+  %q = call float @llvm.sqrt.f32(float %ab)
+  %fl = call float @llvm.floor.f32(float %vc)
+  %t1 = fadd float %e, %q
+  %t2 = call float @llvm.fma.f32(float %fl, float 0.5, float %t1)
+  %lg = call float @llvm.log2.f32(float %t1)
+  %t3 = fsub float %t2, %lg
+  %po3 = getelementptr float, ptr addrspace(1) %out3, i32 %i
+  store float %t3, ptr addrspace(1) %po3
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# integer elementwise: arithmetic, bit ops, shifts, compares/selects, signed and unsigned division
+EW_I32 = _kernel("ew_i32", f"{_G} %out, {_G} %out2, {_G} %a, {_G} %b, i32 %n", _GLOBAL_INDEX + """
+  %pa = getelementptr i32, ptr addrspace(1) %a, i32 %i
+  %pb = getelementptr i32, ptr addrspace(1) %b, i32 %i
+  %va = load i32, ptr addrspace(1) %pa
+  %vb = load i32, ptr addrspace(1) %pb
+  %m = mul i32 %va, %vb
+  %sh = ashr i32 %va, 3
+  %x = xor i32 %m, %sh
+  %sl = shl i32 %vb, 2
+  %s = add i32 %x, %sl
+  %mn = call i32 @llvm.smin.i32(i32 %va, i32 %vb)
+  %r0 = sub i32 %s, %mn
+  %lt = icmp ult i32 %va, %vb
+  %o = or i32 %va, 255
+  %an = and i32 %vb, 65535
+  %sel = select i1 %lt, i32 %o, i32 %an
+  %r = add i32 %r0, %sel
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %i
+  store i32 %r, ptr addrspace(1) %po
+  %bz = icmp eq i32 %vb, 0
+  %den = select i1 %bz, i32 7, i32 %vb
+  %q = sdiv i32 %va, %den
+  %ua = call i32 @llvm.umax.i32(i32 %va, i32 1)
+  %u = urem i32 %ua, %den
+  %qu = add i32 %q, %u
+  %po2 = getelementptr i32, ptr addrspace(1) %out2, i32 %i
+  store i32 %qu, ptr addrspace(1) %po2
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# casts: f32 -> f16, f16 -> f32, i32 <-> f32, u8 -> f32, and 64-bit integer math
+CAST = _kernel("cast", f"{_G} %oh, {_G} %of, {_G} %oi, {_G} %ol, {_G} %a, {_G} %h, {_G} %ia, {_G} %u8, "
+               "i32 %n",
+               _GLOBAL_INDEX + """
+  %pa = getelementptr float, ptr addrspace(1) %a, i32 %i
+  %va = load float, ptr addrspace(1) %pa
+  %vh = fptrunc float %va to half
+  %poh = getelementptr half, ptr addrspace(1) %oh, i32 %i
+  store half %vh, ptr addrspace(1) %poh
+  %ph = getelementptr half, ptr addrspace(1) %h, i32 %i
+  %hv = load half, ptr addrspace(1) %ph
+  %hm = fmul half %hv, 0xH4000
+  %hf = fpext half %hm to float
+  %pi = getelementptr i32, ptr addrspace(1) %ia, i32 %i
+  %iv = load i32, ptr addrspace(1) %pi
+  %if = sitofp i32 %iv to float
+  %pu = getelementptr i8, ptr addrspace(1) %u8, i32 %i
+  %uv = load i8, ptr addrspace(1) %pu
+  %uf = uitofp i8 %uv to float
+  %f1 = fadd float %hf, %if
+  %f2 = fadd float %f1, %uf
+  %pof = getelementptr float, ptr addrspace(1) %of, i32 %i
+  store float %f2, ptr addrspace(1) %pof
+  %fi = fptosi float %va to i32
+  %fu = fptoui float %hf to i32
+  %ii = add i32 %fi, %fu
+  %poi = getelementptr i32, ptr addrspace(1) %oi, i32 %i
+  store i32 %ii, ptr addrspace(1) %poi
+  %w = sext i32 %iv to i64
+  %w2 = mul i64 %w, 3000000019
+  %w3 = lshr i64 %w2, 7
+  %pol = getelementptr i64, ptr addrspace(1) %ol, i32 %i
+  store i64 %w3, ptr addrspace(1) %pol
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# row sums: workgroup r (64 lanes, two waves) sums row r of a [rows, n] matrix; strided partial sums, then a
+# tree through LDS with a barrier per level; lane 0 writes out[r]
+REDUCE = _kernel("reduce_sum", f"{_G} %out, {_G} %a, i32 %n", """\
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %row = call i32 @llvm.amdgcn.workgroup.id.x()
+  %rowbase = mul i32 %row, %n
+  br label %loop
+loop:
+  %j = phi i32 [ %tid, %0 ], [ %jn, %lbody ]
+  %acc = phi float [ 0.0, %0 ], [ %accn, %lbody ]
+  %more = icmp slt i32 %j, %n
+  br i1 %more, label %lbody, label %tree
+lbody:
+  %idx = add i32 %rowbase, %j
+  %p = getelementptr float, ptr addrspace(1) %a, i32 %idx
+  %v = load float, ptr addrspace(1) %p
+  %accn = fadd float %acc, %v
+  %jn = add i32 %j, 64
+  br label %loop
+tree:
+  %slot = getelementptr [64 x float], ptr addrspace(3) @lds, i32 0, i32 %tid
+  store float %acc, ptr addrspace(3) %slot
+""" + _BARRIER + """
+  br label %level
+level:
+  %half = phi i32 [ 32, %tree ], [ %hn, %after ]
+  %act = icmp ult i32 %tid, %half
+  br i1 %act, label %add, label %after
+add:
+  %other = add i32 %tid, %half
+  %po = getelementptr [64 x float], ptr addrspace(3) @lds, i32 0, i32 %other
+  %x = load float, ptr addrspace(3) %slot
+  %y = load float, ptr addrspace(3) %po
+  %z = fadd float %x, %y
+  store float %z, ptr addrspace(3) %slot
+  br label %after
+after:
+""" + _BARRIER + """
+  %hn = lshr i32 %half, 1
+  %fin = icmp eq i32 %hn, 0
+  br i1 %fin, label %write, label %level
+write:
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %w, label %done
+w:
+  %res = load float, ptr addrspace(3) @lds
+  %pout = getelementptr float, ptr addrspace(1) %out, i32 %row
+  store float %res, ptr addrspace(1) %pout
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# C[M, N] = A[M, K] @ B[K, N] with 16x16 tiles staged through LDS; workgroup (16, 16) = 8 waves; edges of
+# sizes that are not a multiple of 16 load zeros
+MATMUL = _kernel("matmul_tiled", f"{_G} %c, {_G} %a, {_G} %b, i32 %M, i32 %N, i32 %K", """\
+  %tx = call i32 @llvm.amdgcn.workitem.id.x()
+  %ty = call i32 @llvm.amdgcn.workitem.id.y()
+  %bx = call i32 @llvm.amdgcn.workgroup.id.x()
+  %by = call i32 @llvm.amdgcn.workgroup.id.y()
+  %col0 = mul i32 %bx, 16
+  %col = add i32 %col0, %tx
+  %row0 = mul i32 %by, 16
+  %row = add i32 %row0, %ty
+  %rowok = icmp slt i32 %row, %M
+  %colok = icmp slt i32 %col, %N
+  %tyx = mul i32 %ty, 16
+  %lidx = add i32 %tyx, %tx
+  %sa = getelementptr [256 x float], ptr addrspace(3) @ta, i32 0, i32 %lidx
+  %sb = getelementptr [256 x float], ptr addrspace(3) @tb, i32 0, i32 %lidx
+  br label %tile
+tile:
+  %k0 = phi i32 [ 0, %0 ], [ %k0n, %inner_end ]
+  %acc = phi float [ 0.0, %0 ], [ %accf, %inner_end ]
+  %ka = add i32 %k0, %tx
+  %kaok = icmp slt i32 %ka, %K
+  %aok = and i1 %rowok, %kaok
+  br i1 %aok, label %lda, label %za
+lda:
+  %ai0 = mul i32 %row, %K
+  %ai = add i32 %ai0, %ka
+  %pa = getelementptr float, ptr addrspace(1) %a, i32 %ai
+  %av = load float, ptr addrspace(1) %pa
+  br label %za
+za:
+  %aval = phi float [ %av, %lda ], [ 0.0, %tile ]
+  store float %aval, ptr addrspace(3) %sa
+  %kb = add i32 %k0, %ty
+  %kbok = icmp slt i32 %kb, %K
+  %bok = and i1 %kbok, %colok
+  br i1 %bok, label %ldb, label %zb
+ldb:
+  %bi0 = mul i32 %kb, %N
+  %bi = add i32 %bi0, %col
+  %pb = getelementptr float, ptr addrspace(1) %b, i32 %bi
+  %bv = load float, ptr addrspace(1) %pb
+  br label %zb
+zb:
+  %bval = phi float [ %bv, %ldb ], [ 0.0, %za ]
+  store float %bval, ptr addrspace(3) %sb
+""" + _BARRIER + """
+  br label %inner
+inner:
+  %kk = phi i32 [ 0, %zb ], [ %kkn, %inner ]
+  %acc2 = phi float [ %acc, %zb ], [ %accn, %inner ]
+  %ia = add i32 %tyx, %kk
+  %pta = getelementptr [256 x float], ptr addrspace(3) @ta, i32 0, i32 %ia
+  %kk16 = mul i32 %kk, 16
+  %ib = add i32 %kk16, %tx
+  %ptb = getelementptr [256 x float], ptr addrspace(3) @tb, i32 0, i32 %ib
+  %x = load float, ptr addrspace(3) %pta
+  %y = load float, ptr addrspace(3) %ptb
+  %accn = call float @llvm.fma.f32(float %x, float %y, float %acc2)
+  %kkn = add i32 %kk, 1
+  %kdone = icmp eq i32 %kkn, 16
+  br i1 %kdone, label %inner_end, label %inner
+inner_end:
+  %accf = phi float [ %accn, %inner ]
+""" + _BARRIER + """
+  %k0n = add i32 %k0, 16
+  %more = icmp slt i32 %k0n, %K
+  br i1 %more, label %tile, label %store
+store:
+  %ok = and i1 %rowok, %colok
+  br i1 %ok, label %st, label %done
+st:
+  %ci0 = mul i32 %row, %N
+  %ci = add i32 %ci0, %col
+  %pc = getelementptr float, ptr addrspace(1) %c, i32 %ci
+  store float %accf, ptr addrspace(1) %pc
+  br label %done
+done:
+  ret void""", (16, 16))
+
+# a divergent branch with a per-lane loop: lanes with a[i] > 0 run i % 7 steps of x = x * 0.5 + 1, the others
+# take -2 * a[i]; the lanes of one wave take both sides and loop different counts
+DIVERGENT = _kernel("divergent", f"{_G} %out, {_G} %a, i32 %n", _GLOBAL_INDEX + """
+  %pa = getelementptr float, ptr addrspace(1) %a, i32 %i
+  %va = load float, ptr addrspace(1) %pa
+  %pos = fcmp ogt float %va, 0.0
+  br i1 %pos, label %lp_pre, label %neg
+lp_pre:
+  %cnt = urem i32 %i, 7
+  br label %lp
+lp:
+  %k = phi i32 [ 0, %lp_pre ], [ %kn, %lpb ]
+  %x = phi float [ %va, %lp_pre ], [ %xn, %lpb ]
+  %go = icmp ult i32 %k, %cnt
+  br i1 %go, label %lpb, label %join
+lpb:
+  %xh = fmul float %x, 0.5
+  %xn = fadd float %xh, 1.0
+  %kn = add i32 %k, 1
+  br label %lp
+neg:
+  %nv = fmul float %va, -2.0
+  br label %join
+join:
+  %r = phi float [ %x, %lp ], [ %nv, %neg ]
+  %po = getelementptr float, ptr addrspace(1) %out, i32 %i
+  store float %r, ptr addrspace(1) %po
+  br label %done
+done:
+  ret void""", (64, 1))
+
+KERNELS: tuple[CorpusKernel, ...] = (EW_F32, EW_I32, CAST, REDUCE, MATMUL, DIVERGENT)
+
+_GLOBALS = {
+    "reduce_sum": '@lds = internal addrspace(3) global [64 x float] poison, align 4\n',
+    "matmul_tiled": ('@ta = internal addrspace(3) global [256 x float] poison, align 4\n'
+                     '@tb = internal addrspace(3) global [256 x float] poison, align 4\n'),
+}
+
+
+def module_text(k: CorpusKernel) -> str:
+    """The kernel's whole module (declarations, LDS globals, the function), without triple/datalayout."""
+    return _DECLS + _GLOBALS.get(k.name, "") + k.ir
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What LLVM made of one kernel: its assembly listing and its relocatable code object (ELF)."""
+
+    name: str
+    asm: str
+    obj: bytes
+
+
+@cache
+def _target_machine():  # type: ignore[no-untyped-def]
+    import llvmlite.binding as llvm  # imported here: only the tool and tests compile
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    target = llvm.Target.from_triple(TRIPLE)
+    return llvm, target.create_target_machine(cpu=CPU, features=FEATURES, opt=OPT_LEVEL, reloc="pic")
+
+
+def llvm_version() -> str:
+    import llvmlite.binding as llvm
+
+    return ".".join(str(v) for v in llvm.llvm_version_info)
+
+
+def compile_ir(name: str, text: str) -> Compiled:
+    """Optimize `text` (an AMDGPU module without triple/datalayout) at O3, then emit assembly and an object,
+    each from its own freshly parsed copy of the optimized IR."""
+    llvm, tm = _target_machine()
+    head = f'target triple = "{TRIPLE}"\ntarget datalayout = "{tm.target_data}"\n'
+    mod = llvm.parse_assembly(head + text)
+    mod.verify()
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(OPT_LEVEL))
+    pb.getModulePassManager().run(mod, pb)
+    optimized = str(mod)
+    asm = tm.emit_assembly(llvm.parse_assembly(optimized))
+    obj = tm.emit_object(llvm.parse_assembly(optimized))
+    return Compiled(name, asm, bytes(obj))
+
+
+@cache
+def compiled(name: str) -> Compiled:
+    """The corpus kernel `name`, compiled (cached for the process)."""
+    for k in KERNELS:
+        if k.name == name:
+            return compile_ir(k.name, module_text(k))
+    raise KeyError(f"no corpus kernel named {name!r} (have: {', '.join(k.name for k in KERNELS)})")
+
+
+R_AMDGPU_REL64 = 5  # S + A - P, 64-bit (AMDGPUUsage, "Relocation Records"): the KD's code entry offset
+KD_ALIGN = 64  # the CP requires kernel descriptors 64-byte aligned (AMDGPUUsage, "Kernel Descriptor")
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    """A code object laid out for the GPU: .text at offset 0, .rodata after it at its alignment, relocated."""
+
+    image: bytes
+    entry: int  # offset of the kernel's first instruction
+    kd_offset: int  # offset of its kernel descriptor
+
+
+def load_image(obj: bytes, name: str) -> LoadedImage:
+    """A minimal stand-in for the driver's code-object loader (the corpus needs only .text, .rodata and
+    R_AMDGPU_REL64): lay out, apply relocations, find the kernel and its descriptor. The interpreter then
+    runs these bytes; the KD's code entry offset (filled by the relocation) must lead to the kernel."""
+    import struct
+
+    from rawgrad.compiler.elf import ElfFile
+
+    elf = ElfFile.parse(obj)
+    text, rodata = elf.section(".text"), elf.section(".rodata")
+    ro_at = -(-len(text.data) // max(rodata.align, KD_ALIGN)) * max(rodata.align, KD_ALIGN)
+    image = bytearray(ro_at + len(rodata.data))
+    image[:len(text.data)] = text.data
+    image[ro_at:] = rodata.data
+    base = {text.index: 0, rodata.index: ro_at}
+    for r in elf.relocations:
+        if r.type != R_AMDGPU_REL64:
+            raise ValueError(f"corpus loader: relocation type {r.type} not supported")
+        place = base[r.section_index] + r.offset
+        target = base[r.symbol.section_index] + r.symbol.value + r.addend
+        struct.pack_into("<q", image, place, target - place)
+    syms = {s.name: s for s in elf.symbols}
+    entry = base[syms[name].section_index] + syms[name].value
+    kd_offset = base[syms[name + ".kd"].section_index] + syms[name + ".kd"].value
+    return LoadedImage(bytes(image), entry, kd_offset)
+
+
+def program(name: str):  # type: ignore[no-untyped-def]
+    """The corpus kernel `name`, compiled, loaded and wrapped as an interpreter Program."""
+    from rawgrad.drivers.amd.mock.rdna3.interp import KD_SIZE, KernelDescriptor, Program
+
+    img = load_image(compiled(name).obj, name)
+    kd = KernelDescriptor.parse(img.image[img.kd_offset:img.kd_offset + KD_SIZE])
+    if img.kd_offset + kd.kernel_code_entry_byte_offset != img.entry:
+        raise ValueError(f"{name}: the descriptor's code entry offset does not lead to the kernel symbol")
+    return Program(img.image, img.entry, kd, name)

@@ -1,0 +1,1246 @@
+"""An RDNA3 (gfx11, wave32) interpreter in numpy: runs the exact machine code of a loaded code object.
+
+Execution model (the PTX interpreter's, at wave granularity; ../shared/AMD-METAL-FACTS.md section 2.4):
+the waves of a batch of workgroups run together; registers are numpy arrays with one row per wave. Each step
+runs the instruction at the lowest program counter among the runnable waves, for every wave at that pc.
+Divergence inside a wave is the compiler's business (EXEC-mask instructions) and is run as written; waves
+differ only in scalar branches. `s_barrier` parks a wave until every wave of its workgroup that has not ended
+is parked, then releases them together.
+
+Launch state (AMDGPUUsage, "Initial Kernel Execution State"; the facts and the user-SGPR trap are in
+AMD-METAL-FACTS.md section 1.8): the user SGPRs the kernel descriptor asks for are loaded from s0 upwards
+(only the kernarg segment pointer is supported: any other request raises MockUnsupported). The workgroup ids
+X, Y, Z that rsrc2 enables follow at s[USER_SGPR_COUNT] (rsrc2 bits 5:1), never at a fixed register.
+v0 holds the work-item ids packed (X in bits 9:0, Y in 19:10, Z in 29:20), as on gfx11. EXEC holds the
+wave's live lanes (a partial last wave has fewer). The float denorm modes come from rsrc1 (bits 17:16 for
+f32, 19:18 for f16/f64): 0 flushes inputs and results, 1 results only, 2 inputs only, 3 neither.
+
+Memory: global and scalar loads go through `MemoryMap`, a table of mapped ranges; any byte outside them is
+a `MemoryFault` naming the address, size, instruction and wave. LDS is one byte array per workgroup of the
+descriptor's group_segment_fixed_size; an access past it faults here (hardware reads 0 and drops the write,
+which would hide the bug). Memory is sequentially consistent: s_waitcnt, caches and their invalidations are
+not modelled (see docs/amd.md).
+
+Numerics (RDNA3 ISA manual, VALU chapters): integer ops wrap; f32/f16 add, mul, fma, sqrt, conversions are
+correctly rounded to nearest even, as the hardware's IEEE ops are (fma through float64 with round-to-odd, so
+no double rounding). The transcendental ops v_exp_f32, v_log_f32, v_rcp_f32 and v_rcp_iflag_f32 are
+approximations on hardware (about 1 ulp); here they return the correctly rounded value, so tests compare
+them with a tolerance. v_div_scale/fmas/fixup follow the ISA pseudocode (V_DIV_FMAS_F32 scales by 2^64 or
+2^-64 depending on the exponent of its third operand).
+
+Any opcode without semantics here raises `MockUnsupported(mnemonic)`; nothing is guessed.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rawgrad.drivers.amd.mock.rdna3.decode import (
+    EXEC_LO,
+    M0,
+    NUM_SGPRS,
+    SGPR_NULL,
+    VCC_LO,
+    DecodeError,
+    Instr,
+    Operand,
+    decode,
+    mnemonic_base,
+)
+
+__all__ = ["KernelDescriptor", "MemoryFault", "MemoryMap", "MockUnsupported", "Program", "RDNA3Fault",
+           "RunStats", "run"]
+
+WAVE = 32  # lanes per wave: the mock runs wave32 code only (KD code property bit 10)
+KD_SIZE = 64  # bytes of an AMDHSA kernel descriptor (AMDGPUUsage, "Kernel Descriptor")
+SGPR_FILE = 128  # scalar operand encodings 0..127 (s0..s105, vcc, null, m0, exec) held in one array
+VGPR_GRANULE_WAVE32 = 8  # rsrc1 GRANULATED_WORKITEM_VGPR_COUNT unit on gfx10/11 wave32 (AMDGPUUsage)
+WORKITEM_ID_BITS = 10  # v0 packs the X/Y/Z work-item ids in 10-bit fields on gfx11 (AMDGPUUsage)
+MAX_WAVES_PER_BATCH = 2048  # waves run together in one numpy step (several workgroups when they are small)
+KERNARG_ALIGN = 16  # HSA: kernarg segments are 16-byte aligned and sized; LLVM widens kernarg loads to the
+# aligned end (matmul_tiled's s_load_b128 of its last three i32 reads 4 bytes past .kernarg_segment_size)
+KERNARG_VA = 0x7F00_0000_0000  # where run() maps the kernarg segment unless told otherwise
+DEFAULT_MAX_STEPS = 2_000_000  # steps (instructions for one set of waves) before a launch is called runaway
+
+# kernel code properties (KD offset 56) and rsrc fields (AMDGPUUsage, "Kernel Descriptor" tables)
+KCP_PRIVATE_SEGMENT_BUFFER, KCP_DISPATCH_PTR, KCP_QUEUE_PTR, KCP_KERNARG_PTR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+KCP_DISPATCH_ID, KCP_FLAT_SCRATCH_INIT, KCP_PRIVATE_SEGMENT_SIZE = 1 << 4, 1 << 5, 1 << 6
+KCP_WAVE32 = 1 << 10
+_UNSUPPORTED_USER_SGPRS = {KCP_PRIVATE_SEGMENT_BUFFER: "private segment buffer",
+                           KCP_DISPATCH_PTR: "dispatch ptr", KCP_QUEUE_PTR: "queue ptr",
+                           KCP_DISPATCH_ID: "dispatch id",
+                           KCP_FLAT_SCRATCH_INIT: "flat scratch init",
+                           KCP_PRIVATE_SEGMENT_SIZE: "private segment size"}
+DENORM_FLUSH_IN_OUT, DENORM_FLUSH_OUT, DENORM_FLUSH_IN, DENORM_KEEP = 0, 1, 2, 3  # FLOAT_DENORM_MODE values
+
+
+class RDNA3Fault(Exception):
+    """The kernel did something the hardware would fault on or that has no defined result (a GPU fault)."""
+
+
+class MemoryFault(RDNA3Fault):
+    """An access to an address no mapping covers (global, scalar) or past the workgroup's LDS."""
+
+
+class MockUnsupported(RDNA3Fault, NotImplementedError):
+    """The interpreter has no semantics for this instruction (or launch feature); never silently skipped."""
+
+    def __init__(self, mnemonic: str, detail: str = "") -> None:
+        self.mnemonic = mnemonic
+        more = f" ({detail})" if detail else ""
+        super().__init__(f"{mnemonic}: not implemented by the RDNA3 interpreter{more}")
+
+
+# ---------------------------------------------------------------------- kernel descriptor
+@dataclass(frozen=True)
+class KernelDescriptor:
+    """The 64-byte AMDHSA kernel descriptor fields the interpreter uses (AMDGPUUsage, "Kernel Descriptor")."""
+
+    group_segment_fixed_size: int
+    private_segment_fixed_size: int
+    kernarg_size: int
+    kernel_code_entry_byte_offset: int
+    rsrc3: int
+    rsrc1: int
+    rsrc2: int
+    code_properties: int
+
+    @staticmethod
+    def parse(raw: bytes) -> KernelDescriptor:
+        if len(raw) < KD_SIZE:
+            raise ValueError(f"a kernel descriptor is {KD_SIZE} bytes, got {len(raw)}")
+        lds, scratch, kernarg = struct.unpack_from("<III", raw, 0)
+        (entry,) = struct.unpack_from("<q", raw, 16)
+        rsrc3, rsrc1, rsrc2 = struct.unpack_from("<III", raw, 44)
+        (props,) = struct.unpack_from("<H", raw, 56)
+        return KernelDescriptor(lds, scratch, kernarg, entry, rsrc3, rsrc1, rsrc2, props)
+
+    @property
+    def user_sgpr_count(self) -> int:
+        return (self.rsrc2 >> 1) & 0x1F  # rsrc2 USER_SGPR_COUNT, bits 5:1
+
+    @property
+    def workgroup_id_enabled(self) -> tuple[bool, bool, bool]:
+        return tuple(bool(self.rsrc2 >> b & 1) for b in (7, 8, 9))  # type: ignore[return-value]
+
+    @property
+    def workitem_id_dims(self) -> int:
+        return ((self.rsrc2 >> 11) & 3) + 1  # ENABLE_VGPR_WORKITEM_ID: 0 -> X, 1 -> X,Y, 2 -> X,Y,Z
+
+    @property
+    def vgpr_count(self) -> int:
+        return ((self.rsrc1 & 0x3F) + 1) * VGPR_GRANULE_WAVE32
+
+    @property
+    def denorm_mode_32(self) -> int:
+        return (self.rsrc1 >> 16) & 3
+
+    @property
+    def denorm_mode_16_64(self) -> int:
+        return (self.rsrc1 >> 18) & 3
+
+    @property
+    def wave32(self) -> bool:
+        return bool(self.code_properties & KCP_WAVE32)
+
+
+# ---------------------------------------------------------------------- global memory
+class MemoryMap:
+    """The GPU virtual address space the kernel sees: mapped ranges backed by numpy byte arrays. Every access
+    must lie wholly inside one mapping; anything else is a MemoryFault."""
+
+    def __init__(self) -> None:
+        self._bases: list[int] = []
+        self._bufs: list[np.ndarray] = []
+
+    def map(self, va: int, data: np.ndarray | bytes | int) -> np.ndarray:
+        """Map `data` (an array's bytes, bytes, or a zeroed size) at `va`; returns the backing byte array
+        (a view the caller may read back)."""
+        if isinstance(data, int):
+            buf = np.zeros(data, np.uint8)
+        elif isinstance(data, bytes | bytearray):
+            buf = np.frombuffer(bytes(data), np.uint8).copy()
+        else:
+            buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8).copy()
+        if va < 0 or buf.size == 0:
+            raise ValueError(f"cannot map {buf.size} bytes at {va:#x}")
+        for base, b in zip(self._bases, self._bufs):
+            if va < base + b.size and base < va + buf.size:
+                raise ValueError(f"mapping [{va:#x}, {va + buf.size:#x}) overlaps "
+                                 f"[{base:#x}, {base + b.size:#x})")
+        k = int(np.searchsorted(self._bases, va))
+        self._bases.insert(k, va)
+        self._bufs.insert(k, buf)
+        return buf
+
+    def unmap(self, va: int) -> None:
+        k = self._bases.index(va)
+        del self._bases[k], self._bufs[k]
+
+    def _locate(self, addr: np.ndarray, size: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """(mapping index, offset) per address, after checking [addr, addr+size) lies inside one mapping."""
+        bases = np.array(self._bases, np.uint64)
+        which = np.searchsorted(bases, addr, side="right").astype(np.int64) - 1
+        ok = which >= 0
+        ends = np.array([b + buf.size for b, buf in zip(self._bases, self._bufs)], np.uint64)
+        ok[ok] = addr[ok] + np.uint64(size) <= ends[which[ok]]
+        if not ok.all():
+            bad = int(addr[~ok][0])
+            raise MemoryFault(f"{what} of {size} bytes at {bad:#x}: not inside any mapping "
+                              f"({self.describe(bad)})")
+        return which, (addr - bases[which]).astype(np.int64)
+
+    def describe(self, va: int) -> str:
+        """Where `va` is relative to the nearest mappings (for fault messages)."""
+        k = int(np.searchsorted(self._bases, va, side="right")) - 1
+        parts = []
+        if k >= 0:
+            end = self._bases[k] + self._bufs[k].size
+            parts.append(f"{va - end} bytes past the end of [{self._bases[k]:#x}, {end:#x})" if va >= end
+                         else f"inside [{self._bases[k]:#x}, {end:#x})")
+        if k + 1 < len(self._bases):
+            parts.append(f"{self._bases[k + 1] - va} bytes before [{self._bases[k + 1]:#x}, ...)")
+        return "; ".join(parts) or "nothing is mapped"
+
+    def load(self, addr: np.ndarray, size: int, what: str = "load") -> np.ndarray:
+        """Bytes [addr, addr+size) for each address: uint8[n, size]."""
+        addr = np.asarray(addr, np.uint64).reshape(-1)
+        out = np.empty((addr.size, size), np.uint8)
+        if addr.size == 0:
+            return out
+        which, off = self._locate(addr, size, what)
+        span = np.arange(size)
+        for k in np.unique(which):
+            sel = which == k
+            out[sel] = self._bufs[int(k)][off[sel][:, None] + span]
+        return out
+
+    def store(self, addr: np.ndarray, data: np.ndarray, what: str = "store") -> None:
+        """Write data (uint8[n, size]) to [addr, addr+size) for each address, in lane order."""
+        addr = np.asarray(addr, np.uint64).reshape(-1)
+        if addr.size == 0:
+            return
+        size = data.shape[1]
+        which, off = self._locate(addr, size, what)
+        span = np.arange(size)
+        for k in np.unique(which):
+            sel = which == k
+            self._bufs[int(k)][off[sel][:, None] + span] = data[sel]
+
+    def read(self, va: int, dtype: Any, count: int) -> np.ndarray:
+        dt = np.dtype(dtype)
+        return self.load(np.array([va], np.uint64), dt.itemsize * count)[0].view(dt).copy()
+
+
+# ---------------------------------------------------------------------- program and state
+class Program:
+    """A loaded kernel: the code image (as the loader laid it out), the kernel's entry offset in it, and its
+    descriptor. Instructions are decoded from the image on first execution and cached by pc."""
+
+    def __init__(self, image: bytes, entry: int, kd: KernelDescriptor, name: str = "kernel") -> None:
+        self.image, self.entry, self.kd, self.name = bytes(image), entry, kd, name
+        self._cache: dict[int, Instr] = {}
+
+    def at(self, pc: int) -> Instr:
+        ins = self._cache.get(pc)
+        if ins is None:
+            try:
+                ins = decode(self.image, pc)
+            except DecodeError as e:
+                raise RDNA3Fault(f"{self.name}: illegal instruction at pc {pc - self.entry:#x}: {e}") from e
+            self._cache[pc] = ins
+        return ins
+
+
+@dataclass
+class RunStats:
+    """What a launch did: steps (one instruction for a set of waves), waves run, steps by mnemonic."""
+
+    steps: int = 0
+    waves: int = 0
+    executed: dict[str, int] | None = None
+
+
+RUNNING, PARKED, ENDED = 0, 1, 2
+_LANES = np.arange(WAVE, dtype=np.uint32)
+
+
+class _State:
+    def __init__(self, prog: Program, memory: MemoryMap, nwaves: int, nvgprs: int, ngroups: int) -> None:
+        self.prog, self.memory = prog, memory
+        self.s = np.zeros((nwaves, SGPR_FILE), np.uint32)
+        self.v = np.zeros((nvgprs, nwaves, WAVE), np.uint32)
+        self.scc = np.zeros(nwaves, np.uint32)
+        self.pc = np.full(nwaves, prog.entry, np.int64)
+        self.status = np.full(nwaves, RUNNING, np.int8)
+        self.group = np.zeros(nwaves, np.int64)  # workgroup of each wave, as an index into lds
+        self.lds = np.zeros((ngroups, max(prog.kd.group_segment_fixed_size, 1)), np.uint8)
+        self.lds_size = prog.kd.group_segment_fixed_size
+        self.dn32 = prog.kd.denorm_mode_32
+        self.dn16 = prog.kd.denorm_mode_16_64
+
+    def exec_mask(self, w: np.ndarray) -> np.ndarray:
+        """bool[k, 32]: the lanes EXEC enables in each selected wave."""
+        return ((self.s[w, EXEC_LO][:, None] >> _LANES) & 1).astype(bool)
+
+    def mask_of(self, reg: int, w: np.ndarray) -> np.ndarray:
+        return ((self.s[w, reg][:, None] >> _LANES) & 1).astype(bool)
+
+
+def _pack_mask(bits: np.ndarray) -> np.ndarray:
+    """bool[k, 32] -> uint32[k] with lane i in bit i."""
+    return (bits.astype(np.uint32) << _LANES).sum(axis=1, dtype=np.uint64).astype(np.uint32)
+
+
+# ---------------------------------------------------------------------- float helpers
+_FLOAT_TYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+_INT_TYPES = {"u32": np.uint32, "i32": np.int32, "b32": np.uint32, "u16": np.uint16, "i16": np.int16,
+              "u64": np.uint64, "i64": np.int64, "b64": np.uint64, "u8": np.uint8}
+_WIDTH = {"f32": 32, "f16": 16, "f64": 64, "u32": 32, "i32": 32, "b32": 32, "u16": 16, "i16": 16, "u64": 64,
+          "i64": 64, "b64": 64}
+
+
+def _flush(x: np.ndarray, mode: int, inputs: bool) -> np.ndarray:
+    """Flush subnormals to signed zero when the denorm mode says so for inputs (or results)."""
+    if mode == DENORM_KEEP or mode == (DENORM_FLUSH_OUT if inputs else DENORM_FLUSH_IN):
+        return x
+    tiny = np.finfo(x.dtype).tiny
+    return np.where((np.abs(x) < tiny) & (x != 0), np.copysign(np.zeros_like(x), x), x)
+
+
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Fused multiply-add rounded once to float32: the product of two float32 is exact in float64; the sum is
+    computed in float64 rounded to odd (its exact error decides the last bit), which makes the final
+    rounding to float32 correct (round-to-odd with >= 2 extra bits, Boldo & Melquiond)."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c64 = np.broadcast_to(c.astype(np.float64), p.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + c64
+        bb = s - p
+        err = (p - (s - bb)) + (c64 - bb)
+        bits = s.view(np.uint64) if s.flags.c_contiguous else np.ascontiguousarray(s).view(np.uint64)
+        fix = np.isfinite(s) & (err != 0) & ((bits & np.uint64(1)) == 0)
+        s = np.where(fix, np.nextafter(s, s + err), s)
+        return s.astype(np.float32)
+
+
+def _fmax(a: Any, b: Any) -> np.ndarray:
+    """IEEE maxNum as v_max_f32 computes it: a NaN operand yields the other one; +0 > -0."""
+    pick_a = (a > b) | np.isnan(b) | ((a == b) & ~np.signbit(a))
+    return np.where(pick_a, a, b)
+
+
+def _fmin(a: Any, b: Any) -> np.ndarray:
+    pick_a = (a < b) | np.isnan(b) | ((a == b) & np.signbit(a))
+    return np.where(pick_a, a, b)
+
+
+def _exponent32(x: np.ndarray) -> np.ndarray:
+    """The biased exponent field of float32 values (the ISA pseudocode's exponent())."""
+    return ((np.asarray(x, np.float32).view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
+
+
+def _cvt_f2i(x: np.ndarray, lo: float, hi: float, dtype: Any) -> np.ndarray:
+    """float -> integer truncating toward zero, saturating at the type's range; NaN -> 0 (v_cvt_*_f32)."""
+    with np.errstate(invalid="ignore"):
+        t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+        return np.clip(t, lo, hi).astype(dtype)
+
+
+def _div_scale(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """V_DIV_SCALE_F32 (RDNA3 ISA pseudocode): s0 is the value to scale (numerator or denominator), s1 the
+    denominator, s2 the numerator; returns (D, VCC bit)."""
+    d = s0.astype(np.float32).copy()
+    vcc = np.zeros(d.shape, bool)
+    s1_64, s2_64 = s1.astype(np.float64), s2.astype(np.float64)
+    tiny = np.finfo(np.float32).tiny
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        inv = 1.0 / s1_64
+        q = (s2 / s1).astype(np.float32)
+    e1, e2 = _exponent32(s1), _exponent32(s2)
+    zero = (s2_64 == 0) | (s1_64 == 0)
+    big = ~zero & (e2 - e1 >= 96)
+    s1_den = ~zero & ~big & (np.abs(s1) < tiny)
+    rest = ~zero & ~big & ~s1_den
+    inv_den = np.abs(inv) < tiny
+    q_den = (np.abs(q) < tiny) & (q != 0)
+    c4 = rest & inv_den & q_den
+    c5 = rest & ~c4 & inv_den
+    c6 = rest & ~inv_den & q_den
+    c7 = rest & ~inv_den & ~q_den & (e2 <= 23)
+    up = np.ldexp(s0.astype(np.float32), 64)
+    d = np.where(zero, np.float32(np.nan), d)
+    d = np.where((big | c4) & (s0 == s1), up, d)
+    d = np.where(s1_den | c7, up, d)
+    d = np.where(c5, np.ldexp(s0.astype(np.float32), -64), d)
+    d = np.where(c6 & (s0 == s2), up, d)
+    vcc |= big | c4 | c6
+    return d.astype(np.float32), vcc
+
+
+def _div_fixup(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    """V_DIV_FIXUP_F32: s0 the quotient, s1 the denominator, s2 the numerator; special cases per the ISA."""
+    sign = np.signbit(s1) ^ np.signbit(s2)
+    inf = np.where(sign, np.float32(-np.inf), np.float32(np.inf))
+    zero = np.where(sign, np.float32(-0.0), np.float32(0.0))
+    mag = np.abs(s0)
+    d = np.where(np.isnan(s0), inf, np.where(sign, -mag, mag)).astype(np.float32)
+    e1, e2 = _exponent32(s1), _exponent32(s2)
+    d = np.where(~np.isnan(s1) & ~np.isnan(s2) & (e2 - e1 < -150) & (s2 != 0) & ~np.isinf(s1), zero, d)
+    d = np.where(np.isinf(s1) & ~np.isinf(s2) | (s2 == 0) & (s1 != 0), zero, d)
+    d = np.where((s1 == 0) & (s2 != 0) | np.isinf(s2) & ~np.isinf(s1), inf, d)
+    d = np.where((s1 == 0) & (s2 == 0) | np.isinf(s1) & np.isinf(s2), np.float32(np.nan), d)
+    d = np.where(np.isnan(s1), s1, d)
+    d = np.where(np.isnan(s2), s2, d)
+    return d.astype(np.float32)
+
+
+def _cmp_class(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """V_CMP_CLASS_F32: is x in one of the classes set in mask (bit 0 signaling NaN, 1 quiet NaN, 2 -inf,
+    3 -normal, 4 -subnormal, 5 -0, 6 +0, 7 +subnormal, 8 +normal, 9 +inf)."""
+    bits = x.astype(np.float32).view(np.uint32)
+    nan = np.isnan(x)
+    quiet = (bits >> np.uint32(22)) & np.uint32(1)
+    neg = np.signbit(x)
+    sub = (np.abs(x) < np.finfo(np.float32).tiny) & (x != 0)
+    normal = np.isfinite(x) & ~sub & (x != 0)
+    cls = np.select([nan & (quiet == 0), nan, np.isinf(x) & neg, normal & neg, sub & neg, (x == 0) & neg,
+                     x == 0, sub, normal, np.isinf(x)], list(range(10)), 0).astype(np.uint32)
+    return ((mask.astype(np.uint32) >> cls) & np.uint32(1)).astype(bool)
+
+
+# ---------------------------------------------------------------------- VALU semantics
+@dataclass(frozen=True)
+class _VOp:
+    """A lane-wise VALU operation: D (type dst) = fn(sources of types srcs). `acc`: the destination is also
+    the last input (v_fmac). `vcc_in`: the op also reads a lane mask (cndmask's selector, fmas' VCC)."""
+
+    dst: str
+    srcs: tuple[str, ...]
+    fn: Callable[..., Any]
+    acc: bool = False
+
+
+def _f(fn: Callable[..., Any], n: int = 2, t: str = "f32", **kw: Any) -> _VOp:
+    return _VOp(t, (t,) * n, fn, **kw)
+
+
+def _u(fn: Callable[..., Any], n: int = 2, t: str = "u32") -> _VOp:
+    return _VOp(t, (t,) * n, fn)
+
+
+def _sh(x: Any, bits: int = 5) -> Any:
+    return x & np.uint32((1 << bits) - 1)
+
+
+_F32 = np.float32
+_VALU: dict[str, _VOp] = {
+    "v_mov_b32": _u(lambda a: a, 1, "b32"),
+    "v_add_f32": _f(lambda a, b: a + b),
+    "v_sub_f32": _f(lambda a, b: a - b),
+    "v_subrev_f32": _f(lambda a, b: b - a),
+    "v_mul_f32": _f(lambda a, b: a * b),
+    "v_max_f32": _f(_fmax),
+    "v_min_f32": _f(_fmin),
+    "v_fma_f32": _f(_fma32, 3),
+    "v_fmac_f32": _f(_fma32, 3, acc=True),
+    "v_fmaak_f32": _f(_fma32, 3),  # D = S0 * S1 + K: the literal is the third source
+    "v_fmamk_f32": _f(lambda a, k, b: _fma32(a, k, b), 3),  # D = S0 * K + S1
+    "v_floor_f32": _f(np.floor, 1),
+    "v_trunc_f32": _f(np.trunc, 1),
+    "v_ceil_f32": _f(np.ceil, 1),
+    "v_rndne_f32": _f(np.rint, 1),
+    "v_fract_f32": _f(lambda a: _fmin(a - np.floor(a), _F32(np.nextafter(_F32(1), _F32(0)))), 1),
+    "v_sqrt_f32": _f(np.sqrt, 1),
+    "v_exp_f32": _f(lambda a: np.exp2(a.astype(np.float64)).astype(_F32), 1),
+    "v_log_f32": _f(lambda a: np.log2(a.astype(np.float64)).astype(_F32), 1),
+    "v_rcp_f32": _f(lambda a: (1.0 / a.astype(np.float64)).astype(_F32), 1),
+    "v_rcp_iflag_f32": _f(lambda a: (1.0 / a.astype(np.float64)).astype(_F32), 1),
+    "v_rsq_f32": _f(lambda a: (1.0 / np.sqrt(a.astype(np.float64))).astype(_F32), 1),
+    "v_ldexp_f32": _VOp("f32", ("f32", "i32"), lambda a, e: np.ldexp(a, np.clip(e, -400, 400)).astype(_F32)),
+    "v_div_fmas_f32": _f(lambda a, b, c: _fma32(a, b, c), 3),  # the VCC scaling is applied in _valu
+    "v_div_fixup_f32": _f(_div_fixup, 3),
+    "v_add_f16": _f(lambda a, b: a + b, 2, "f16"),
+    "v_sub_f16": _f(lambda a, b: a - b, 2, "f16"),
+    "v_mul_f16": _f(lambda a, b: a * b, 2, "f16"),
+    "v_max_f16": _f(_fmax, 2, "f16"),
+    "v_min_f16": _f(_fmin, 2, "f16"),
+    "v_cvt_f16_f32": _VOp("f16", ("f32",), lambda a: a.astype(np.float16)),
+    "v_cvt_f32_f16": _VOp("f32", ("f16",), lambda a: a.astype(_F32)),
+    "v_cvt_f32_i32": _VOp("f32", ("i32",), lambda a: a.astype(_F32)),
+    "v_cvt_f32_u32": _VOp("f32", ("u32",), lambda a: a.astype(_F32)),
+    "v_cvt_f32_ubyte0": _VOp("f32", ("u32",), lambda a: (a & np.uint32(0xFF)).astype(_F32)),
+    "v_cvt_i32_f32": _VOp("i32", ("f32",), lambda a: _cvt_f2i(a, -2.0**31, 2.0**31 - 1, np.int32)),
+    "v_cvt_u32_f32": _VOp("u32", ("f32",), lambda a: _cvt_f2i(a, 0.0, 2.0**32 - 1, np.uint32)),
+    "v_add_nc_u32": _u(lambda a, b: a + b),
+    "v_sub_nc_u32": _u(lambda a, b: a - b),
+    "v_subrev_nc_u32": _u(lambda a, b: b - a),
+    "v_add3_u32": _u(lambda a, b, c: a + b + c, 3),
+    "v_mul_lo_u32": _u(lambda a, b: a * b),
+    "v_mul_hi_u32": _u(lambda a, b: ((a.astype(np.uint64) * b.astype(np.uint64)) >> np.uint64(32))
+                       .astype(np.uint32)),
+    "v_mul_u32_u24": _u(lambda a, b: (a & np.uint32(0xFFFFFF)) * (b & np.uint32(0xFFFFFF))),
+    "v_and_b32": _u(lambda a, b: a & b, 2, "b32"),
+    "v_or_b32": _u(lambda a, b: a | b, 2, "b32"),
+    "v_xor_b32": _u(lambda a, b: a ^ b, 2, "b32"),
+    "v_not_b32": _u(lambda a: ~a, 1, "b32"),
+    "v_or3_b32": _u(lambda a, b, c: a | b | c, 3, "b32"),
+    "v_and_or_b32": _u(lambda a, b, c: (a & b) | c, 3, "b32"),
+    "v_lshlrev_b32": _u(lambda a, b: b << _sh(a), 2, "b32"),  # *rev: the shift amount is the first source
+    "v_lshrrev_b32": _u(lambda a, b: b >> _sh(a), 2, "b32"),
+    "v_ashrrev_i32": _VOp("i32", ("u32", "i32"), lambda a, b: b >> _sh(a).astype(np.int32)),
+    "v_lshl_or_b32": _u(lambda a, b, c: (a << _sh(b)) | c, 3, "b32"),
+    "v_lshl_add_u32": _u(lambda a, b, c: (a << _sh(b)) + c, 3),
+    "v_add_lshl_u32": _u(lambda a, b, c: (a + b) << _sh(c), 3),
+    "v_bfe_u32": _u(lambda a, b, c: (a >> _sh(b)) & ((np.uint32(1) << _sh(c)) - np.uint32(1)
+                                                     | np.where(_sh(c) == 0, np.uint32(0), np.uint32(0))), 3),
+    "v_bfe_i32": _VOp("i32", ("i32", "u32", "u32"), lambda a, b, c: np.where(
+        _sh(c) == 0, np.int32(0),
+        ((a.view(np.uint32) << (np.uint32(32) - _sh(b) - _sh(c)) % np.uint32(32)).view(np.int32)
+         >> (np.uint32(32) - _sh(c)).astype(np.int32) % 32))),
+    "v_max_i32": _VOp("i32", ("i32", "i32"), np.maximum),
+    "v_min_i32": _VOp("i32", ("i32", "i32"), np.minimum),
+    "v_max_u32": _u(np.maximum),
+    "v_min_u32": _u(np.minimum),
+    "v_lshlrev_b64": _VOp("b64", ("u32", "b64"), lambda a, b: b << (a & np.uint32(63)).astype(np.uint64)),
+    "v_lshrrev_b64": _VOp("b64", ("u32", "b64"), lambda a, b: b >> (a & np.uint32(63)).astype(np.uint64)),
+    "v_ashrrev_i64": _VOp("i64", ("u32", "i64"), lambda a, b: b >> (a & np.uint32(63)).astype(np.int64)),
+}
+
+# compares: v_cmp[x]_<op>_<type>; `n*` are the negated ordered float compares (true when unordered)
+_CMP_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "lt": np.less, "eq": np.equal, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+    "ne": np.not_equal, "lg": lambda a, b: (a < b) | (a > b), "o": lambda a, b: ~(np.isnan(a) | np.isnan(b)),
+    "u": lambda a, b: np.isnan(a) | np.isnan(b), "nge": lambda a, b: ~(a >= b),
+    "nlg": lambda a, b: ~((a < b) | (a > b)),
+    "ngt": lambda a, b: ~(a > b), "nle": lambda a, b: ~(a <= b), "neq": lambda a, b: ~(a == b),
+    "nlt": lambda a, b: ~(a < b),
+}
+_CMP_TYPES = ("f16", "f32", "f64", "i16", "u16", "i32", "u32", "i64", "u64")
+
+
+def _compare_op(base: str) -> tuple[str, Callable[..., Any], bool] | None:
+    """(source type, predicate, writes EXEC) for a compare mnemonic base, else None."""
+    for prefix, to_exec in (("v_cmpx_", True), ("v_cmp_", False)):
+        if base.startswith(prefix):
+            rest = base[len(prefix):]
+            op, _, ty = rest.rpartition("_")
+            if ty in _CMP_TYPES and op in _CMP_OPS:
+                return ty, _CMP_OPS[op], to_exec
+            if op == "class" and ty == "f32":
+                return "class", _cmp_class, to_exec
+    return None
+
+
+# ---------------------------------------------------------------------- operand access
+def _const_bits(op: Operand, ty: str) -> int:
+    """The bits an inline constant or literal stands for as an operand of type ty."""
+    width = _WIDTH[ty]
+    if op.kind == "int":
+        return int(op.value) & ((1 << width) - 1)
+    if op.kind == "float":
+        ft = {16: np.float16, 32: np.float32, 64: np.float64}[width]
+        return int(np.array(op.value, ft).view({16: np.uint16, 32: np.uint32, 64: np.uint64}[width]))
+    if op.kind == "inv2pi":  # 1/(2*pi) rounded to each width (RDNA3 ISA, inline constant 248)
+        return {16: 0x3118, 32: 0x3E22F983, 64: 0x3FC45F306DC9C882}[width]
+    if op.kind == "literal":
+        lit = int(op.value)
+        if width == 64:
+            if ty == "f64":
+                return lit << 32  # a 32-bit literal of a double operand is its high half
+            raise MockUnsupported("literal", f"a 32-bit literal as the 64-bit integer operand of type {ty}")
+        return lit & ((1 << width) - 1)
+    raise MockUnsupported(str(op), f"operand kind {op.kind}")
+
+
+def _read_bits(st: _State, op: Operand, ty: str, w: np.ndarray, hi: bool = False) -> np.ndarray:
+    """An operand's bits as unsigned ints of the type's width, shape (k, 32) for VGPRs, (k, 1) for scalars."""
+    width = _WIDTH[ty]
+    if op.kind == "vgpr":
+        if width == 64:
+            lo = st.v[op.index][w].astype(np.uint64)
+            return lo | (st.v[op.index + 1][w].astype(np.uint64) << np.uint64(32))
+        x = st.v[op.index][w]
+    elif op.kind == "sgpr":
+        if op.index == SGPR_NULL:
+            x = np.zeros((len(w), 1), np.uint32)
+        elif width == 64:
+            lo = st.s[w, op.index].astype(np.uint64)
+            return (lo | (st.s[w, op.index + 1].astype(np.uint64) << np.uint64(32)))[:, None]
+        else:
+            x = st.s[w, op.index][:, None]
+    elif op.kind == "scc":
+        x = st.scc[w][:, None]
+    else:
+        bits = _const_bits(op, ty)
+        if width == 64:
+            return np.full((1, 1), bits, np.uint64)
+        x = np.full((1, 1), bits, np.uint32)
+    if width == 16:
+        return ((x >> np.uint32(16)) if hi else x & np.uint32(0xFFFF)).astype(np.uint16)
+    return x
+
+
+def _typed(bits: np.ndarray, ty: str) -> np.ndarray:
+    if ty in _FLOAT_TYPES:
+        return bits.view(_FLOAT_TYPES[ty])
+    return bits.view(_INT_TYPES[ty])
+
+
+def _write_v(st: _State, reg: int, w: np.ndarray, vals: np.ndarray, ty: str, lanes: np.ndarray,
+             hi: bool = False) -> None:
+    """Write a typed (k, 32)-broadcastable result to VGPR reg (and reg+1 for 64-bit) in the enabled lanes."""
+    width = _WIDTH[ty]
+    if reg + (2 if width == 64 else 1) > st.v.shape[0]:
+        raise RDNA3Fault(f"v{reg} is beyond the {st.v.shape[0]} VGPRs the kernel descriptor allocates")
+    arr = np.asarray(vals)
+    if ty in _FLOAT_TYPES:
+        arr = arr.astype(_FLOAT_TYPES[ty])
+    bits = np.broadcast_to(arr.astype(_INT_TYPES.get(ty, arr.dtype), copy=False)
+                           .view({16: np.uint16, 32: np.uint32, 64: np.uint64}[width]), lanes.shape)
+    if width == 64:
+        for half, shift in ((0, 0), (1, 32)):
+            cur = st.v[reg + half][w]
+            st.v[reg + half][w] = np.where(lanes, (bits >> np.uint64(shift)).astype(np.uint32), cur)
+        return
+    cur = st.v[reg][w]
+    if width == 16:  # a 16-bit result replaces one half of the VGPR and keeps the other (gfx11 true16)
+        b32 = bits.astype(np.uint32)
+        keep = cur & np.uint32(0xFFFF if hi else 0xFFFF0000)
+        new = keep | (b32 << np.uint32(16 if hi else 0))
+    else:
+        new = bits
+    st.v[reg][w] = np.where(lanes, new, cur)
+
+
+def _write_s(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
+    """Write uint32[k] to SGPR reg of the selected waves (writes to null are dropped)."""
+    if reg == SGPR_NULL:
+        return
+    if reg >= SGPR_FILE or (reg >= NUM_SGPRS and reg not in (VCC_LO, VCC_LO + 1, M0, EXEC_LO, EXEC_LO + 1)):
+        raise RDNA3Fault(f"scalar destination {reg} is not a writable register")
+    st.s[w, reg] = np.asarray(vals).astype(np.uint32)
+
+
+def _write_s64(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
+    v = np.asarray(vals, np.uint64)
+    _write_s(st, reg, w, (v & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+    if reg != SGPR_NULL:
+        _write_s(st, reg + 1, w, (v >> np.uint64(32)).astype(np.uint32))
+
+
+# ---------------------------------------------------------------------- VALU execution
+_VOP3SD = {"v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32",
+           "v_subrev_co_ci_u32", "v_div_scale_f32", "v_mad_u64_u32", "v_mad_i64_i32"}
+
+
+def _sources(ins: Instr, half: str = "") -> list[Operand]:
+    f = ins.fields
+    if ins.fmt == "VOPD":
+        return [ins.src(f"src{half}0"), Operand("vgpr", f[f"vsrc{half}1"])]
+    if ins.fmt in ("VOP1",):
+        return [ins.src("src0")]
+    if ins.fmt in ("VOP2", "VOPC"):
+        return [ins.src("src0"), Operand("vgpr", f["vsrc1"])]
+    return [ins.src("src0"), ins.src("src1"), ins.src("src2")]
+
+
+def _mods(ins: Instr, base: str) -> tuple[int, int, int]:
+    """(abs bits, neg bits, opsel bits) of a VOP3 instruction (none for other encodings)."""
+    if ins.fmt != "VOP3":
+        return 0, 0, 0
+    f = ins.fields
+    if base in _VOP3SD:
+        return 0, f["neg"], 0
+    return f["abs"], f["neg"], f["opsel"]
+
+
+def _read_src(st: _State, ins: Instr, op: Operand, ty: str, w: np.ndarray, k: int, base: str) -> np.ndarray:
+    """Source k of the instruction as a typed array, with VOP3 abs/neg/opsel applied (float types only)."""
+    ab, ng, opsel = _mods(ins, base)
+    if op.kind == "vgpr" and ins.fmt in ("VOP1", "VOP2", "VOPC") and _WIDTH[ty] == 16 and op.index >= 128:
+        raise MockUnsupported(ins.name, "a 16-bit operand in the high half of a VGPR (true16 .h encoding)")
+    x = _typed(_read_bits(st, op, ty, w, hi=bool(opsel >> k & 1)), ty)
+    if (ab | ng) >> k & 1:
+        if ty not in _FLOAT_TYPES:
+            raise MockUnsupported(ins.name, f"abs/neg modifier on integer source {k}")
+        if ab >> k & 1:
+            x = np.abs(x)
+        if ng >> k & 1:
+            x = -x
+    if ty in _FLOAT_TYPES:
+        x = _flush(x, st.dn32 if ty == "f32" else st.dn16, inputs=True)
+    return x
+
+
+def _finish_float(st: _State, ins: Instr, r: np.ndarray, ty: str) -> np.ndarray:
+    if ins.fmt == "VOP3":
+        if ins.fields["omod"]:
+            raise MockUnsupported(ins.name, "output modifier (omod)")
+        if ins.fields["clamp"]:
+            r = np.clip(r, 0, 1).astype(r.dtype)
+    return _flush(r, st.dn32 if ty == "f32" else st.dn16, inputs=False)
+
+
+def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
+          half: str = "") -> Callable[[], None]:
+    """Compute one VALU operation for waves w; returns the write-back (VOPD computes both halves before
+    either writes, as both read the old registers)."""
+    lanes = st.exec_mask(w)
+    f = ins.fields
+    srcs = _sources(ins, half)
+    vdst = f[f"vdst{half}"] if ins.fmt == "VOPD" else f.get("vdst", 0)
+    if ins.fmt == "VOP3" and base not in _VOP3SD and (ins.fields["opsel"] >> 3) & 1:
+        dst_hi = True
+    else:
+        dst_hi = False
+
+    cmp = _compare_op(base)
+    if cmp is not None:
+        ty, pred, to_exec = cmp
+        if ty == "class":
+            a = _read_src(st, ins, srcs[0], "f32", w, 0, base)
+            b = _read_src(st, ins, srcs[1], "u32", w, 1, base)
+            res = pred(a, b)
+        else:
+            a = _read_src(st, ins, srcs[0], ty, w, 0, base)
+            b = _read_src(st, ins, srcs[1], ty, w, 1, base)
+            with np.errstate(invalid="ignore"):
+                res = pred(a, b)
+        bits = _pack_mask(np.broadcast_to(res, lanes.shape) & lanes)  # inactive lanes write 0
+        dst = EXEC_LO if to_exec else (VCC_LO if ins.fmt == "VOPC" else f["vdst"])
+        return lambda: _write_s(st, dst, w, bits)
+
+    if base == "v_cndmask_b32":
+        sel_reg = VCC_LO if ins.fmt in ("VOP2", "VOPD") else None
+        a = _read_src(st, ins, srcs[0], "f32" if ins.fmt == "VOP3" else "b32", w, 0, base)
+        b = _read_src(st, ins, srcs[1], "f32" if ins.fmt == "VOP3" else "b32", w, 1, base)
+        if sel_reg is None:
+            if srcs[2].kind != "sgpr":
+                raise MockUnsupported(ins.name, f"lane mask from {srcs[2]}")
+            sel_reg = srcs[2].index
+        sel = st.mask_of(sel_reg, w)
+        r = np.where(sel, b.view(np.uint32), a.view(np.uint32))
+        return lambda: _write_v(st, vdst, w, r, "b32", lanes)
+
+    if base in ("v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32",
+                "v_subrev_co_ci_u32"):
+        a = _read_src(st, ins, srcs[0], "u32", w, 0, base).astype(np.int64)
+        b = _read_src(st, ins, srcs[1], "u32", w, 1, base).astype(np.int64)
+        if "_ci_" in base:
+            if ins.fmt == "VOP2":
+                cin = st.mask_of(VCC_LO, w).astype(np.int64)
+            elif srcs[2].kind == "sgpr":
+                cin = st.mask_of(srcs[2].index, w).astype(np.int64)
+            else:
+                raise MockUnsupported(ins.name, f"carry-in from {srcs[2]}")
+        else:
+            cin = np.zeros(1, np.int64)
+        if base.startswith("v_subrev"):
+            a, b = b, a
+        full = a + b + cin if base.startswith("v_add") else a - b - cin
+        carry = (full >> 32) != 0  # carry out of an add, borrow of a subtract
+        r = (full & 0xFFFFFFFF).astype(np.uint32)
+        sdst = VCC_LO if ins.fmt == "VOP2" else f["sdst"]
+        cbits = _pack_mask(np.broadcast_to(carry, lanes.shape) & lanes)
+
+        def wb() -> None:
+            _write_v(st, vdst, w, r, "u32", lanes)
+            _write_s(st, sdst, w, cbits)
+        return wb
+
+    if base in ("v_mad_u64_u32", "v_mad_i64_i32"):
+        signed = base == "v_mad_i64_i32"
+        a = _read_src(st, ins, srcs[0], "i32" if signed else "u32", w, 0, base)
+        b = _read_src(st, ins, srcs[1], "i32" if signed else "u32", w, 1, base)
+        c = _read_src(st, ins, srcs[2], "u64", w, 2, base)
+        prod = a.astype(np.int64 if signed else np.uint64) * b.astype(np.int64 if signed else np.uint64)
+        r64 = prod.view(np.uint64) + c
+        carry = (r64 < c) if not signed else np.zeros(r64.shape, bool)
+        cbits = _pack_mask(np.broadcast_to(carry, lanes.shape) & lanes)
+
+        def wb() -> None:
+            _write_v(st, vdst, w, r64, "u64", lanes)
+            _write_s(st, f["sdst"], w, cbits)
+        return wb
+
+    if base == "v_div_scale_f32":
+        a, b, c = (_read_src(st, ins, srcs[k], "f32", w, k, base) for k in range(3))
+        d, vcc = _div_scale(*np.broadcast_arrays(a, b, c))
+        vbits = _pack_mask(np.broadcast_to(vcc, lanes.shape) & lanes)
+
+        def wb() -> None:
+            _write_v(st, vdst, w, d, "f32", lanes)
+            _write_s(st, f["sdst"], w, vbits)
+        return wb
+
+    op = _VALU.get(base)
+    if op is None:
+        raise MockUnsupported(mnemonic)
+    vals = []
+    nsrc = len(op.srcs) - (1 if op.acc else 0)
+    if base in ("v_fmaak_f32", "v_fmamk_f32"):
+        if ins.literal is None:
+            raise RDNA3Fault(f"{mnemonic} without its literal")
+        k_op = Operand("literal", 255, ins.literal)
+        ops = [srcs[0], srcs[1], k_op] if base == "v_fmaak_f32" else [srcs[0], k_op, srcs[1]]
+    else:
+        ops = srcs[:nsrc]
+    for k, (o, ty) in enumerate(zip(ops, op.srcs)):
+        vals.append(_read_src(st, ins, o, ty, w, k, base))
+    if op.acc:
+        vals.append(_typed(_read_bits(st, Operand("vgpr", vdst), op.dst, w), op.dst))
+    with np.errstate(all="ignore"):
+        r = op.fn(*vals)
+        if base == "v_div_fmas_f32":
+            vcc = st.mask_of(VCC_LO, w)
+            scale = np.where(_exponent32(vals[2]) > 127, np.float32(2.0**64), np.float32(2.0**-64))
+            r = np.where(vcc, (r.astype(np.float64) * scale).astype(np.float32), r)
+    if op.dst in _FLOAT_TYPES:
+        r = _finish_float(st, ins, np.asarray(r, _FLOAT_TYPES[op.dst]), op.dst)
+    elif ins.fmt == "VOP3" and (ins.fields["clamp"] or ins.fields["omod"]):
+        raise MockUnsupported(mnemonic, "clamp/omod on an integer result")
+    r = np.broadcast_to(r, lanes.shape)
+    return lambda: _write_v(st, vdst, w, r, op.dst, lanes, hi=dst_hi)
+
+
+# ---------------------------------------------------------------------- SALU
+def _s_src(st: _State, op: Operand, w: np.ndarray, width: int = 32) -> np.ndarray:
+    """A scalar source as uint32[k] (uint64[k] for width 64)."""
+    ty = "b64" if width == 64 else "b32"
+    return _read_bits(st, op, ty, w).reshape(-1) if op.kind in ("sgpr", "scc") else \
+        np.full(len(w), _const_bits(op, ty), np.uint64 if width == 64 else np.uint32)
+
+
+def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
+    f = ins.fields
+    if ins.fmt == "SOPK":
+        imm = np.int32(np.int16(np.uint16(f["simm16"])))
+        if base == "s_movk_i32":
+            _write_s(st, f["sdst"], w, np.full(len(w), imm, np.int32).view(np.uint32))
+            return
+        raise MockUnsupported(ins.name)
+    a = _s_src(st, ins.src("ssrc0"), w, 64 if base.endswith("_b64") else 32)
+    if ins.fmt == "SOP1":
+        if base == "s_mov_b32":
+            _write_s(st, f["sdst"], w, a)
+        elif base == "s_mov_b64":
+            _write_s64(st, f["sdst"], w, a)
+        elif base in ("s_and_saveexec_b32", "s_or_saveexec_b32", "s_and_not1_saveexec_b32",
+                      "s_or_not1_saveexec_b32", "s_and_not0_saveexec_b32"):
+            old = st.s[w, EXEC_LO].copy()
+            new = {"s_and_saveexec_b32": a & old, "s_or_saveexec_b32": a | old,
+                   "s_and_not1_saveexec_b32": a & ~old, "s_or_not1_saveexec_b32": a | ~old,
+                   "s_and_not0_saveexec_b32": ~a & old}[base]
+            _write_s(st, f["sdst"], w, old)
+            st.s[w, EXEC_LO] = new
+            st.scc[w] = (new != 0).astype(np.uint32)
+        elif base == "s_not_b32":
+            r = ~a
+            _write_s(st, f["sdst"], w, r)
+            st.scc[w] = (r != 0).astype(np.uint32)
+        else:
+            raise MockUnsupported(ins.name)
+        return
+    wide = base.endswith("_b64")
+    b_width = 32 if base in ("s_lshl_b64", "s_lshr_b64", "s_ashr_i64") else (64 if wide else 32)
+    b = _s_src(st, ins.src("ssrc1"), w, b_width)
+    if ins.fmt == "SOPC":
+        ai, bi = a.view(np.int32), b.view(np.int32)
+        preds = {"s_cmp_eq_i32": ai == bi, "s_cmp_lg_i32": ai != bi, "s_cmp_gt_i32": ai > bi,
+                 "s_cmp_ge_i32": ai >= bi, "s_cmp_lt_i32": ai < bi, "s_cmp_le_i32": ai <= bi,
+                 "s_cmp_eq_u32": a == b, "s_cmp_lg_u32": a != b, "s_cmp_gt_u32": a > b,
+                 "s_cmp_ge_u32": a >= b, "s_cmp_lt_u32": a < b, "s_cmp_le_u32": a <= b}
+        if base not in preds:
+            raise MockUnsupported(ins.name)
+        st.scc[w] = preds[base].astype(np.uint32)
+        return
+    # SOP2
+    a64, b64 = a.astype(np.int64), b.astype(np.int64)
+    scc: np.ndarray | None = None
+    if base == "s_add_u32":
+        full = a64 + b64
+        r, scc = full & 0xFFFFFFFF, full >> 32
+    elif base == "s_addc_u32":
+        full = a64 + b64 + st.scc[w]
+        r, scc = full & 0xFFFFFFFF, full >> 32
+    elif base == "s_sub_u32":
+        r, scc = (a64 - b64) & 0xFFFFFFFF, (b64 > a64)
+    elif base == "s_subb_u32":
+        full = a64 - b64 - st.scc[w]
+        r, scc = full & 0xFFFFFFFF, full < 0
+    elif base in ("s_add_i32", "s_sub_i32"):
+        ai, bi = a.view(np.int32).astype(np.int64), b.view(np.int32).astype(np.int64)
+        full = ai + bi if base == "s_add_i32" else ai - bi
+        r, scc = full & 0xFFFFFFFF, (full > 2**31 - 1) | (full < -(2**31))  # signed overflow
+    elif base == "s_mul_i32":
+        r = (a64 * b64) & 0xFFFFFFFF
+    elif base in ("s_and_b32", "s_or_b32", "s_xor_b32", "s_and_not1_b32", "s_or_not1_b32", "s_nand_b32",
+                  "s_nor_b32", "s_xnor_b32"):
+        r = {"s_and_b32": a & b, "s_or_b32": a | b, "s_xor_b32": a ^ b, "s_and_not1_b32": a & ~b,
+             "s_or_not1_b32": a | ~b, "s_nand_b32": ~(a & b), "s_nor_b32": ~(a | b),
+             "s_xnor_b32": ~(a ^ b)}[base]
+        scc = r != 0
+    elif base in ("s_lshl_b32", "s_lshr_b32"):
+        sh = b & np.uint32(31)
+        r = (a << sh) if base == "s_lshl_b32" else (a >> sh)
+        scc = r != 0
+    elif base == "s_ashr_i32":
+        r = (a.view(np.int32) >> (b & np.uint32(31)).astype(np.int32)).view(np.uint32)
+        scc = r != 0
+    elif base in ("s_lshl_b64", "s_lshr_b64"):
+        sh = (b & np.uint32(63)).astype(np.uint64)
+        r64 = (a << sh) if base == "s_lshl_b64" else (a >> sh)
+        _write_s64(st, f["sdst"], w, r64)
+        st.scc[w] = (r64 != 0).astype(np.uint32)
+        return
+    elif base in ("s_and_b64", "s_or_b64", "s_xor_b64"):
+        r64 = {"s_and_b64": a & b, "s_or_b64": a | b, "s_xor_b64": a ^ b}[base]
+        _write_s64(st, f["sdst"], w, r64)
+        st.scc[w] = (r64 != 0).astype(np.uint32)
+        return
+    elif base in ("s_min_i32", "s_max_i32"):
+        ai, bi = a.view(np.int32), b.view(np.int32)
+        pick = ai < bi if base == "s_min_i32" else ai > bi
+        r, scc = np.where(pick, a, b), pick
+    elif base in ("s_min_u32", "s_max_u32"):
+        pick = a < b if base == "s_min_u32" else a > b
+        r, scc = np.where(pick, a, b), pick
+    elif base == "s_cselect_b32":
+        r = np.where(st.scc[w] != 0, a, b)
+    elif base == "s_bfe_u32":
+        off, width = b & np.uint32(31), (b >> np.uint32(16)) & np.uint32(0x7F)
+        r = (a >> off) & np.where(width >= 32, np.uint32(0xFFFFFFFF),
+                                  (np.uint32(1) << (width & np.uint32(31))) - np.uint32(1))
+        scc = r != 0
+    else:
+        raise MockUnsupported(ins.name)
+    _write_s(st, f["sdst"], w, np.asarray(r).astype(np.uint64).astype(np.uint32))
+    if scc is not None:
+        st.scc[w] = np.asarray(scc).astype(np.uint32)
+
+
+_NOPS = {"s_waitcnt", "s_waitcnt_vscnt", "s_waitcnt_vmcnt", "s_waitcnt_expcnt", "s_waitcnt_lgkmcnt",
+         "s_waitcnt_depctr", "s_delay_alu", "s_clause", "s_nop", "s_set_inst_prefetch_distance",
+         "s_sendmsg", "buffer_gl0_inv", "buffer_gl1_inv"}  # timing and cache controls: memory is coherent
+SENDMSG_DEALLOC_VGPRS = 0xB3  # s_sendmsg sendmsg(MSG_DEALLOC_VGPRS), the only message the mock accepts
+
+
+def _sopp(st: _State, ins: Instr, w: np.ndarray, base: str) -> bool:
+    """Program-control instructions; True when the pc was set (a branch taken or the wave parked/ended)."""
+    if base in _NOPS:
+        if base == "s_sendmsg" and ins.fields["simm16"] != SENDMSG_DEALLOC_VGPRS:
+            raise MockUnsupported(ins.name, f"message {ins.fields['simm16']:#x}")
+        return False
+    if base == "s_endpgm":
+        st.status[w] = ENDED
+        return True
+    if base == "s_barrier":
+        st.status[w] = PARKED
+        st.pc[w] += ins.size
+        return True
+    simm = int(np.int16(np.uint16(ins.fields["simm16"])))
+    target = ins.pc + 4 + simm * 4  # branch offsets count dwords from the next instruction (RDNA3 ISA, SOPP)
+    conds = {"s_branch": np.ones(len(w), bool), "s_cbranch_scc0": st.scc[w] == 0,
+             "s_cbranch_scc1": st.scc[w] != 0, "s_cbranch_execz": st.s[w, EXEC_LO] == 0,
+             "s_cbranch_execnz": st.s[w, EXEC_LO] != 0, "s_cbranch_vccz": st.s[w, VCC_LO] == 0,
+             "s_cbranch_vccnz": st.s[w, VCC_LO] != 0}
+    if base not in conds:
+        raise MockUnsupported(ins.name)
+    take = conds[base]
+    st.pc[w] = np.where(take, target, ins.pc + ins.size)
+    return True
+
+
+# ---------------------------------------------------------------------- memory instructions
+def _smem(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
+    sizes = {"s_load_b32": 1, "s_load_b64": 2, "s_load_b128": 4, "s_load_b256": 8, "s_load_b512": 16}
+    if base not in sizes:
+        raise MockUnsupported(ins.name)
+    n = sizes[base]
+    f = ins.fields
+    addr = _read_bits(st, Operand("sgpr", f["sbase"]), "b64", w).reshape(-1).astype(np.int64)
+    off = f["offset"] - (1 << 21) if f["offset"] >> 20 else f["offset"]  # 21-bit signed byte offset
+    addr = addr + off
+    if f["soffset"] != SGPR_NULL:
+        addr = addr + st.s[w, f["soffset"]].astype(np.int64)
+    addr = (addr & ~3).astype(np.uint64)  # scalar memory ignores the two low address bits (dword access)
+    data = st.memory.load(addr, 4 * n, "scalar load").view(np.uint32).reshape(len(w), n)
+    sd = f["sdata"]
+    if sd + n > NUM_SGPRS:
+        raise RDNA3Fault(f"{ins.name} writes s{sd}..s{sd + n - 1}, past s{NUM_SGPRS - 1}")
+    st.s[w, sd:sd + n] = data
+
+
+_GLOBAL_LOADS = {"global_load_b32": (4, 1), "global_load_b64": (8, 2), "global_load_b96": (12, 3),
+                 "global_load_b128": (16, 4), "global_load_u8": (1, 1), "global_load_i8": (1, 1),
+                 "global_load_u16": (2, 1), "global_load_i16": (2, 1), "global_load_d16_b16": (2, 1),
+                 "global_load_d16_hi_b16": (2, 1)}
+_GLOBAL_STORES = {"global_store_b32": 4, "global_store_b64": 8, "global_store_b96": 12,
+                  "global_store_b128": 16, "global_store_b8": 1, "global_store_b16": 2,
+                  "global_store_d16_hi_b16": 2}
+FLAT_SEG_GLOBAL, FLAT_SEG_SCRATCH = 2, 1  # FLAT encoding bits 17:16 (RDNA3 ISA, "FLAT, Scratch and Global")
+
+
+def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
+    f = ins.fields
+    if f["seg"] == FLAT_SEG_SCRATCH:
+        raise MockUnsupported(ins.name, "scratch memory")
+    name = base.replace("flat_", "global_", 1)  # flat addresses are global ones here (no LDS aperture)
+    lanes = st.exec_mask(w)
+    off = f["offset"] - (1 << 13) if f["offset"] >> 12 else f["offset"]  # 13-bit signed byte offset
+    if f["saddr"] in (SGPR_NULL, 0x7F):  # "off": a 64-bit address in a VGPR pair
+        addr = _read_bits(st, Operand("vgpr", f["addr"]), "b64", w).astype(np.int64)
+    else:  # SGPR-pair base plus a 32-bit VGPR offset
+        sbase = _read_bits(st, Operand("sgpr", f["saddr"]), "b64", w).astype(np.int64)
+        addr = sbase + st.v[f["addr"]][w].astype(np.int64)
+    addr = (addr + off).astype(np.uint64)
+    sel = np.nonzero(lanes)
+    a = addr[sel]
+    if name in _GLOBAL_LOADS:
+        size, nregs = _GLOBAL_LOADS[name]
+        raw = st.memory.load(a, size, ins.name)
+        vdst = f["vdst"]
+        if size >= 4:
+            words = raw.view(np.uint32).reshape(-1, nregs)
+            for r in range(nregs):
+                st.v[vdst + r][w[sel[0]], sel[1]] = words[:, r]
+            return
+        val = raw.view(np.uint8 if size == 1 else np.uint16).reshape(-1)
+        cur = st.v[vdst][w[sel[0]], sel[1]]
+        if name.endswith("_i8") or name.endswith("_i16"):
+            new = val.view(np.int8 if size == 1 else np.int16).astype(np.int32).view(np.uint32)
+        elif name == "global_load_d16_b16":  # into the low half, keeping the high half
+            new = (cur & np.uint32(0xFFFF0000)) | val.astype(np.uint32)
+        elif name == "global_load_d16_hi_b16":
+            new = (cur & np.uint32(0xFFFF)) | (val.astype(np.uint32) << np.uint32(16))
+        else:
+            new = val.astype(np.uint32)
+        st.v[vdst][w[sel[0]], sel[1]] = new
+        return
+    if name in _GLOBAL_STORES:
+        size = _GLOBAL_STORES[name]
+        d = f["data"]
+        nregs = max(size // 4, 1)
+        words = np.stack([st.v[d + r][w[sel[0]], sel[1]] for r in range(nregs)], axis=1)
+        if name == "global_store_d16_hi_b16":
+            words = words >> np.uint32(16)
+        raw = words.astype(np.uint32).view(np.uint8).reshape(len(a), 4 * nregs)[:, :size]
+        st.memory.store(a, np.ascontiguousarray(raw), ins.name)
+        return
+    raise MockUnsupported(ins.name)
+
+
+def _lds_index(st: _State, ins: Instr, w: np.ndarray, sel: tuple[np.ndarray, ...], addr: np.ndarray,
+               size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(workgroup row, byte columns) of LDS accesses of `size` bytes at `addr`, bounds-checked."""
+    if (addr + size > st.lds_size).any():
+        bad = int(addr[addr + size > st.lds_size][0])
+        raise MemoryFault(f"LDS access of {size} bytes at {bad:#x}: past the workgroup's {st.lds_size} bytes "
+                          "of LDS (group_segment_fixed_size)")
+    if (addr % min(size, 4)).any():
+        bad = int(addr[(addr % min(size, 4)) != 0][0])
+        raise RDNA3Fault(f"misaligned LDS access of {size} bytes at {bad:#x}")
+    rows = st.group[w[sel[0]]][:, None]
+    return rows, addr[:, None] + np.arange(size)
+
+
+def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
+    f = ins.fields
+    if f["gds"]:
+        raise MockUnsupported(ins.name, "GDS")
+    lanes = st.exec_mask(w)
+    sel = np.nonzero(lanes)
+    a0 = st.v[f["addr"]][w[sel[0]], sel[1]].astype(np.int64)
+    off16 = f["offset0"] | (f["offset1"] << 8)
+    singles = {"ds_load_b32": 4, "ds_load_b64": 8, "ds_load_b128": 16, "ds_load_u8": 1, "ds_load_u16": 2}
+    stores = {"ds_store_b32": 4, "ds_store_b64": 8, "ds_store_b128": 16, "ds_store_b8": 1, "ds_store_b16": 2}
+    if base in singles:
+        size = singles[base]
+        rows, cols = _lds_index(st, ins, w, sel, a0 + off16, size)
+        raw = st.lds[rows, cols]
+        if size >= 4:
+            words = np.ascontiguousarray(raw).view(np.uint32)
+            for r in range(size // 4):
+                st.v[f["vdst"] + r][w[sel[0]], sel[1]] = words[:, r]
+        else:
+            st.v[f["vdst"]][w[sel[0]], sel[1]] = np.ascontiguousarray(raw).view(
+                np.uint8 if size == 1 else np.uint16).reshape(-1).astype(np.uint32)
+        return
+    if base in stores:
+        size = stores[base]
+        rows, cols = _lds_index(st, ins, w, sel, a0 + off16, size)
+        words = np.stack([st.v[f["data0"] + r][w[sel[0]], sel[1]] for r in range(max(size // 4, 1))], axis=1)
+        st.lds[rows, cols] = words.astype(np.uint32).view(np.uint8).reshape(len(a0), -1)[:, :size]
+        return
+    two = {"ds_load_2addr_b32": (4, 4, True), "ds_load_2addr_stride64_b32": (4, 256, True),
+           "ds_store_2addr_b32": (4, 4, False), "ds_store_2addr_stride64_b32": (4, 256, False),
+           "ds_load_2addr_b64": (8, 8, True), "ds_store_2addr_b64": (8, 8, False)}
+    if base in two:
+        size, unit, load = two[base]
+        nw = size // 4
+        for k, off in enumerate((f["offset0"], f["offset1"])):
+            rows, cols = _lds_index(st, ins, w, sel, a0 + off * unit, size)
+            if load:
+                words = np.ascontiguousarray(st.lds[rows, cols]).view(np.uint32)
+                for r in range(nw):
+                    st.v[f["vdst"] + k * nw + r][w[sel[0]], sel[1]] = words[:, r]
+            else:
+                src = f["data0"] if k == 0 else f["data1"]
+                words = np.stack([st.v[src + r][w[sel[0]], sel[1]] for r in range(nw)], axis=1)
+                st.lds[rows, cols] = words.astype(np.uint32).view(np.uint8).reshape(len(a0), -1)
+        return
+    raise MockUnsupported(ins.name)
+
+
+# ---------------------------------------------------------------------- the launch
+def _step(st: _State, ins: Instr, w: np.ndarray) -> None:
+    mnemonic = ins.mnemonic
+    if mnemonic is None:
+        raise MockUnsupported(ins.name, "the opcode table (optable.py) has no entry for it")
+    base = mnemonic_base(mnemonic)
+    fmt = ins.fmt
+    if fmt == "SOPP":
+        if _sopp(st, ins, w, base):
+            return
+    elif fmt in ("SOP1", "SOP2", "SOPC", "SOPK"):
+        _salu(st, ins, w, base)
+    elif fmt == "SMEM":
+        _smem(st, ins, w, base)
+    elif fmt in ("VOP1", "VOP2", "VOPC", "VOP3"):
+        _valu(st, ins, w, base, mnemonic)()
+    elif fmt == "VOPD":
+        if ins.mnemonic_y is None:
+            raise MockUnsupported(f"<VOPDY opcode {ins.op_y}>", "the opcode table has no entry for it")
+        wx = _valu(st, ins, w, base, mnemonic, "x")
+        wy = _valu(st, ins, w, mnemonic_base(ins.mnemonic_y), ins.mnemonic_y, "y")
+        wx()
+        wy()
+    elif fmt == "DS":
+        _ds(st, ins, w, base)
+    elif fmt == "FLAT":
+        _flat(st, ins, w, base)
+    else:
+        raise MockUnsupported(mnemonic, f"{fmt} instructions")
+    st.pc[w] += ins.size
+
+
+def _init_waves(st: _State, kd: KernelDescriptor, kernarg_va: int, groups: list[tuple[int, int, int]],
+                local: tuple[int, int, int]) -> None:
+    nthreads = local[0] * local[1] * local[2]
+    wpg = -(-nthreads // WAVE)
+    ids = np.arange(nthreads)
+    tx, ty, tz = ids % local[0], (ids // local[0]) % local[1], ids // (local[0] * local[1])
+    packed = (tx | (ty << WORKITEM_ID_BITS) | (tz << 2 * WORKITEM_ID_BITS)).astype(np.uint32)
+    if kd.workitem_id_dims < 2:
+        packed &= np.uint32((1 << WORKITEM_ID_BITS) - 1)
+    elif kd.workitem_id_dims < 3:
+        packed &= np.uint32((1 << 2 * WORKITEM_ID_BITS) - 1)
+    padded = np.zeros(wpg * WAVE, np.uint32)
+    padded[:nthreads] = packed
+    user = 0
+    props = kd.code_properties
+    for bit, what in _UNSUPPORTED_USER_SGPRS.items():
+        if props & bit:
+            raise MockUnsupported("launch", f"kernel descriptor asks for the {what} user SGPRs")
+    for g, gid in enumerate(groups):
+        for k in range(wpg):
+            wv = g * wpg + k
+            st.group[wv] = g
+            if props & KCP_KERNARG_PTR:
+                st.s[wv, user] = kernarg_va & 0xFFFFFFFF
+                st.s[wv, user + 1] = kernarg_va >> 32
+            nxt = kd.user_sgpr_count  # system SGPRs start right after the USER_SGPR_COUNT user SGPRs
+            for dim, on in enumerate(kd.workgroup_id_enabled):
+                if on:
+                    st.s[wv, nxt] = gid[dim]
+                    nxt += 1
+            live = min(WAVE, nthreads - k * WAVE)
+            st.s[wv, EXEC_LO] = (1 << live) - 1
+            st.v[0][wv] = padded[k * WAVE:(k + 1) * WAVE]
+
+
+def run(program: Program, memory: MemoryMap, kernarg: bytes, grid: tuple[int, int, int],
+        local: tuple[int, int, int], *, kernarg_va: int = KERNARG_VA, max_steps: int = DEFAULT_MAX_STEPS,
+        count: bool = False) -> RunStats:
+    """Run `program` for `grid` workgroups (x, y, z counts) of `local` work-items each. `kernarg` is copied to
+    memory at `kernarg_va` (mapped for the launch) and its address loaded into the kernarg user SGPRs."""
+    kd = program.kd
+    if not kd.wave32:
+        raise MockUnsupported("launch", "wave64 code (the mock runs wave32 only)")
+    if len(kernarg) < kd.kernarg_size:
+        raise ValueError(f"{program.name}: kernarg segment of {len(kernarg)} bytes, the kernel descriptor "
+                         f"needs {kd.kernarg_size}")
+    if min(grid) < 1 or min(local) < 1:
+        raise ValueError(f"{program.name}: empty launch grid={grid} local={local}")
+    if max(local) >= 1 << WORKITEM_ID_BITS:
+        raise ValueError(f"{program.name}: local size {local} exceeds the 10-bit work-item id fields")
+    if kd.private_segment_fixed_size:
+        raise MockUnsupported("launch", "scratch (private segment) memory")
+    for dim in (1, 2):
+        if local[dim] > 1 and kd.workitem_id_dims <= dim:
+            raise RDNA3Fault(f"{program.name}: local size {local} but the descriptor enables work-item ids "
+                             f"for {kd.workitem_id_dims} dimension(s) only")
+    nthreads = local[0] * local[1] * local[2]
+    wpg = -(-nthreads // WAVE)
+    all_groups = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+    per_batch = max(1, MAX_WAVES_PER_BATCH // wpg)
+    stats = RunStats(executed={} if count else None)
+    padded = bytes(kernarg) + bytes(-len(kernarg) % KERNARG_ALIGN)
+    memory.map(kernarg_va, padded or bytes(KERNARG_ALIGN))
+    try:
+        for start in range(0, len(all_groups), per_batch):
+            groups = all_groups[start:start + per_batch]
+            st = _State(program, memory, len(groups) * wpg, kd.vgpr_count, len(groups))
+            _init_waves(st, kd, kernarg_va, groups, local)
+            stats.waves += len(groups) * wpg
+            _run_batch(st, max_steps - stats.steps, stats)
+    finally:
+        memory.unmap(kernarg_va)
+    return stats
+
+
+def _run_batch(st: _State, budget: int, stats: RunStats) -> None:
+    prog = st.prog
+    limit = stats.steps + budget
+    while True:
+        running = st.status == RUNNING
+        if not running.any():
+            parked = st.status == PARKED
+            if not parked.any():
+                return
+            raise RDNA3Fault(f"{prog.name}: waves wait at s_barrier forever")  # unreachable: release below
+        pc = int(st.pc[running].min())
+        w = np.nonzero(running & (st.pc == pc))[0]
+        ins = prog.at(pc)
+        try:
+            _step(st, ins, w)
+        except RDNA3Fault as e:
+            where = f"{prog.name}: pc {pc - prog.entry:#x} {ins.name} (waves {w[:4].tolist()}"
+            where += "...)" if len(w) > 4 else ")"
+            if isinstance(e, MockUnsupported):
+                e.args = (f"{where}: {e.args[0]}",)
+                raise
+            raise type(e)(f"{where}: {e}") from e
+        except IndexError as e:
+            raise RDNA3Fault(f"{prog.name}: pc {pc - prog.entry:#x} {ins.name}: register out of range "
+                             f"({e})") from e
+        stats.steps += 1
+        if stats.executed is not None:
+            stats.executed[ins.name] = stats.executed.get(ins.name, 0) + 1
+        if stats.steps >= limit:
+            raise RDNA3Fault(f"{prog.name}: still running after {stats.steps} steps (runaway loop?)")
+        if ins.mnemonic == "s_barrier" or (st.status == PARKED).any():
+            _release_barriers(st)
+
+
+def _release_barriers(st: _State) -> None:
+    """Release each workgroup whose every wave that has not ended waits at the barrier."""
+    for g in np.unique(st.group[st.status == PARKED]):
+        mine = st.group == g
+        if not (st.status[mine] == RUNNING).any():
+            st.status[mine & (st.status == PARKED)] = RUNNING
