@@ -569,13 +569,27 @@ def _infer_shape(u: UOp) -> tuple[Any, ...]:
     return ()
 
 
+# How a symbolic size is folded (to an int when it is constant). The rules are compiler/symbolic.py's, and
+# symbolic is built on this module, so this module cannot import them without a cycle: symbolic installs
+# its folder here when it is imported (`set_size_folder`). The package root imports it (through the Tensor
+# layer) before any graph can exist, so a SHRINK's shape is never computed without it.
+_size_folder: Callable[[UOp], Any] | None = None
+
+
+def set_size_folder(fold: Callable[[UOp], Any]) -> None:
+    """Install the function that simplifies a symbolic size (compiler/symbolic.py calls this)."""
+    global _size_folder
+    _size_folder = fold
+
+
 def shrink_size(begin: Any, end: Any) -> Any:
     """end - begin; a window that slides with a Variable, (v, v + n), has the constant size n, so
     `x.shrink(((v, v + 1),))` is one row and can take a one-row assign or meet a one-row operand."""
     size = end - begin
     if isinstance(begin, UOp) and isinstance(end, UOp):
-        from rawgrad.compiler.symbolic import ssimplify_int  # symbolic builds on this module
-        folded = ssimplify_int(size)
+        if _size_folder is None:
+            raise RuntimeError("symbolic shrink bounds need rawgrad.compiler.symbolic, which is not imported")
+        folded = _size_folder(size)
         if isinstance(folded, int):
             return folded
     return size

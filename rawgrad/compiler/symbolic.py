@@ -18,7 +18,7 @@ import math
 import weakref
 from typing import Any
 
-from rawgrad.compiler.ir import ALU, COMPARISON, Ops, UOp, exec_python_alu
+from rawgrad.compiler.ir import ALU, COMPARISON, Ops, UOp, exec_python_alu, set_size_folder
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
 from rawgrad.dtype import DType, dtypes
 
@@ -586,6 +586,9 @@ def ssimplify_int(x: Any) -> Any:
         if _is_c(x):
             return x.arg
     return x
+
+
+set_size_folder(ssimplify_int)  # ir's SHRINK shapes fold their symbolic sizes with these rules
 
 
 def sym_infer(u: UOp | int, var_vals: dict[UOp, int]) -> int:
