@@ -25,29 +25,38 @@ import inspect
 import threading
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from rawgrad import config
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType
-from rawgrad.hcq.device import Device, HCQDevice
+from rawgrad.hcq.device import Device
 from rawgrad.hcq.graph import (
     CopyCommand,
-    HCQGraph,
     KernelCommand,
-    QueueTemplate,
-    address_var,
     build_template,
     plan_arena,
 )
-from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import sym_eval
+from rawgrad.jit.capture import (
+    CapturedGraph,
+    DeviceGraph,
+    JitError,
+    OutRef,
+    Path,
+    TensorGuard,
+    _arena_var,
+    _ext_var,
+    _input_var,
+    _output_var,
+)
+from rawgrad.jit.storage import load_capture, save_capture
 from rawgrad.tensor import realize as _realize
 from rawgrad.tensor import tensor as _tensor_module
-from rawgrad.tensor.buffers import DeviceMemory, buffer_numpy, buffer_write, device_memory, new_buffer
+from rawgrad.tensor.buffers import buffer_numpy, buffer_write, new_buffer
 from rawgrad.tensor.interpret import is_realized
 from rawgrad.tensor.schedule import is_scalar_arg
 from rawgrad.tensor.tensor import Tensor, pending_view_assigns
@@ -61,16 +70,7 @@ MISMATCH_POLICIES = ("error", "recapture")
 MAX_GUARD_RECAPTURES = 4
 
 
-class JitError(ValueError):
-    """A call that a capture cannot serve (a guard failed), or a graph that cannot be captured."""
-
-
 # ---------------------------------------------------------------------------------------------- arguments
-# A leaf's path: (position or keyword name,) for an argument, (name, key) for an item of a list, tuple
-# or dict argument.
-Path = tuple[Any, ...]
-
-
 def _flatten(args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[Path, Any]]:
     """Every argument, and the items of list/tuple/dict arguments (one level), with its path. A container
     also appears itself as a marker (its type and keys), so its structure is guarded like a constant."""
@@ -118,13 +118,6 @@ def _unbind_shape(shape: tuple[Any, ...], var_vals: dict[UOp, int]) -> tuple[Any
     return tuple(out)
 
 
-def _rebind(shape: tuple[Any, ...] | None, var_vals: dict[UOp, int]) -> tuple[Any, ...] | None:
-    if shape is None:
-        return None
-    return tuple(d.substitute({v: v.bind(var_vals[v]) for v in d.variables()}) if isinstance(d, UOp) else d
-                 for d in shape)
-
-
 def _same_value(a: Any, b: Any) -> bool:
     if a is b:
         return True
@@ -134,33 +127,6 @@ def _same_value(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # arrays and other objects without a truth value: identity was the only test
         return False
-
-
-class TensorGuard(NamedTuple):
-    """What a Tensor argument must look like to reuse a capture. (A NamedTuple: every call builds and
-    hashes one per Tensor argument, and a tuple does both in C.)"""
-
-    shape: tuple[Any, ...]  # bound Variables replaced by the Variable
-    dtype: DType
-    device: str
-    buffer_size: int  # elements of the buffer behind it (symbolic shapes read a max-size buffer)
-
-    def differences(self, other: TensorGuard) -> list[str]:
-        diffs = []
-        if self.shape != other.shape:
-            diffs.append(f"shape {_fmt_shape(other.shape)} (captured with {_fmt_shape(self.shape)})")
-        if self.dtype != other.dtype:
-            diffs.append(f"dtype {other.dtype} (captured with {self.dtype})")
-        if self.device != other.device:
-            diffs.append(f"device {other.device} (captured with {self.device})")
-        if not diffs and self.buffer_size != other.buffer_size:
-            diffs.append(f"a buffer of {other.buffer_size} elements (captured with {self.buffer_size})")
-        return diffs
-
-
-def _fmt_shape(shape: tuple[Any, ...]) -> str:
-    return "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in shape) + \
-        ("," if len(shape) == 1 else "") + ")"
 
 
 @dataclass
@@ -213,114 +179,6 @@ class _Call:
 
 
 # ---------------------------------------------------------------------------------------------- captures
-# How a returned Tensor is found after a replay: (role, index, reshape or None, dtype).
-# role "out": fresh output buffer k; "in": the buffer of input Tensor k; "ext": external buffer k.
-OutRef = tuple[str, int, "tuple[Any, ...] | None", DType]
-
-
-@dataclass
-class DeviceGraph:
-    """The part of a capture that runs on one device."""
-
-    device: str
-    template: QueueTemplate
-    arena_bytes: int
-    programs: list[Program]
-    # `template` with timestamps around each kernel, made when PROFILE=1 at capture: what link() binds
-    # then. Never saved, so a saved graph replays without profiling commands.
-    profiled: QueueTemplate | None = None
-
-
-@dataclass
-class CapturedGraph:
-    """Everything one capture needs to replay (and to be saved): guards, graphs, buffer plan, outputs."""
-
-    key: tuple[Any, ...]
-    consts: list[tuple[Path, Any]]  # non-Tensor, non-Variable leaves and their captured values
-    baked: dict[UOp, int]  # values of Variables not passed in (bound inside the function)
-    devices: list[DeviceGraph]
-    externals: list[UOp]  # BUFFER nodes used in place
-    outputs: list[tuple[str, int, DType]]  # (device, elements, dtype) of each fresh output buffer
-    returned: Any  # the return value's shape (see _encode_return)
-    kernel_count: int
-    reuse_outputs: bool = False
-    _graphs: list[HCQGraph] = field(default_factory=list)
-    _arenas: list[DeviceMemory] = field(default_factory=list)
-    _kept_outputs: list[UOp] | None = None
-    # Random numbers: how far one call advances Tensor._rng_counter, and (external index, counter offset)
-    # of each key buffer the kernels read. Not saved: TinyJit.save refuses a capture with rng_draws.
-    rng_draws: int = 0
-    rng_keys: list[tuple[int, int]] = field(default_factory=list)
-    # ("in", slot) / ("ext", index) of each buffer the kernels write in place (for JIT_VERIFY)
-    written: list[tuple[str, int]] = field(default_factory=list)
-    # what the guards read at capture (see TinyJit: Tensor.training, globals and closure cells), and
-    # the Tensors among them, held so that their ids stay theirs while the capture compares against them
-    guard_state: tuple[Any, ...] | None = None
-    guard_refs: list[Tensor] = field(default_factory=list)
-
-    def link(self) -> None:
-        """Allocate the arenas and bind one queue per device (once per capture or load)."""
-        graphs, arenas = [], []
-        ext_relocs = {_ext_var(j): device_memory(b).address for j, b in enumerate(self.externals)}
-        for d, dg in enumerate(self.devices):
-            dev: HCQDevice = Device[dg.device]
-            arena = DeviceMemory(dev, dg.arena_bytes)
-            arenas.append(arena)
-            relocs = {**ext_relocs, _arena_var(d): arena.address}
-            template = dg.profiled if dg.profiled is not None else dg.template
-            graphs.append(HCQGraph(dev, template, dg.programs, relocs))
-        self._graphs, self._arenas = graphs, arenas
-
-    def written_buffers(self, call: _Call) -> list[UOp]:
-        return [call.buffers[k] if role == "in" else self.externals[k] for role, k in self.written]
-
-    def replay(self, call: _Call) -> Any:
-        if self.rng_draws:
-            # the keys the same draws would get from an eager call now; buffer_write first waits for
-            # the previous replay's kernels, which may still be reading these buffers
-            base = Tensor._rng_counter
-            for j, offset in self.rng_keys:
-                buffer_write(self.externals[j], Tensor._rng_key(base + offset))
-            Tensor._rng_counter = base + self.rng_draws
-        vals = dict(self.baked)
-        vals.update(call.var_vals)
-        for slot, b in enumerate(call.buffers):
-            vals[_input_var(slot)] = device_memory(b).address
-        outs = self._output_buffers()
-        for k, b in enumerate(outs):
-            vals[_output_var(k)] = device_memory(b).address
-        for g in self._graphs:
-            g.submit(vals)
-        return _decode_return(self.returned, outs, call.buffers, self.externals, vals)
-
-    def _output_buffers(self) -> list[UOp]:
-        if self.reuse_outputs and self._kept_outputs is not None:
-            return self._kept_outputs
-        outs = [new_buffer(dev, size, dt) for dev, size, dt in self.outputs]
-        if self.reuse_outputs:
-            self._kept_outputs = outs
-        return outs
-
-
-# Made once per slot: building (interning) a UOp costs microseconds, and every replay needs these keys.
-@functools.cache
-def _input_var(slot: int) -> UOp:
-    return address_var(f"jit.input{slot}")
-
-
-@functools.cache
-def _output_var(k: int) -> UOp:
-    return address_var(f"jit.output{k}")
-
-
-def _ext_var(j: int) -> UOp:
-    return address_var(f"reloc.buffer{j}")
-
-
-def _arena_var(d: int) -> UOp:
-    return address_var(f"reloc.arena{d}")
-
-
 def _encode_return(x: Any, ref: Callable[[Tensor], OutRef]) -> Any:
     """The return value with every Tensor replaced by where its buffer comes from after a replay."""
     if isinstance(x, Tensor):
@@ -330,21 +188,6 @@ def _encode_return(x: Any, ref: Callable[[Tensor], OutRef]) -> Any:
     if isinstance(x, dict):
         return ("dict", [(k, _encode_return(y, ref)) for k, y in x.items()])
     return ("const", x)
-
-
-def _decode_return(enc: Any, outs: list[UOp], ins: list[UOp], ext: list[UOp], vals: dict[UOp, int]) -> Any:
-    kind, body = enc
-    if kind == "tensor":
-        role, index, reshape, dtype = body
-        buf = (outs if role == "out" else ins if role == "in" else ext)[index]
-        shape = _rebind(reshape, vals)
-        return Tensor(buf if shape is None else UOp(Ops.RESHAPE, dtype, (buf,), shape))
-    if kind in ("list", "tuple"):
-        items = [_decode_return(y, outs, ins, ext, vals) for y in body]
-        return items if kind == "list" else tuple(items)
-    if kind == "dict":
-        return {k: _decode_return(y, outs, ins, ext, vals) for k, y in body}
-    return body
 
 
 def _collect_tensors(x: Any) -> list[Tensor]:
@@ -858,7 +701,6 @@ class TinyJit(Generic[ReturnT]):
         identity), atomically and readable by its owner only: a temporary file created exclusively in the
         same folder, fsynced, renamed into place (a symlink at `path` or at any temporary name is never
         followed)."""
-        from rawgrad.jit.storage import save_capture
         if self.last is None:
             raise JitError(f"TinyJit({self.name}): nothing captured yet; call the function twice "
                            f"before save()")
@@ -877,7 +719,6 @@ class TinyJit(Generic[ReturnT]):
         symlink, a FIFO...), a file another user owns or others can write (unless `allow_untrusted`), a
         truncated or corrupted file, an older format ("re-save"), any manifest field out of bounds, or a
         graph made for a device other than the one its label names here (see rawgrad/jit/storage.py)."""
-        from rawgrad.jit.storage import load_capture
         cap = load_capture(path, allow_untrusted=allow_untrusted)
         jit: TinyJit[Any] = TinyJit(None, reuse_outputs=cap.reuse_outputs)
         jit.name = f"loaded graph {path!r}"

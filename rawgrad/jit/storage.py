@@ -61,7 +61,7 @@ from rawgrad.hcq.device import Device, HCQDevice
 from rawgrad.hcq.graph import TIMELINE_ADDRESS, TIMELINE_SIGNAL, TIMELINE_WAIT, QueueTemplate, address_var
 from rawgrad.hcq.patch import sym_eval
 from rawgrad.hcq.queue import PatchPoint
-from rawgrad.jit.jit import CapturedGraph, DeviceGraph, JitError, TensorGuard
+from rawgrad.jit.capture import CapturedGraph, DeviceGraph, JitError, TensorGuard
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy
 
 __all__ = ["FORMAT_VERSION", "GraphFileError", "device_identity", "load_capture", "save_capture"]
