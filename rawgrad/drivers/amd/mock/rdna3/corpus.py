@@ -333,7 +333,26 @@ join:
 done:
   ret void""", (64, 1))
 
-KERNELS: tuple[CorpusKernel, ...] = (EW_F32, EW_I32, CAST, REDUCE, MATMUL, DIVERGENT)
+# lane 0 of workgroup (x, y) writes y * 1000 + x to out[y * gx + x]: where the workgroup ids come from (LLVM
+# pads USER_SGPR_COUNT, so they are not in s2/s3; AMD-METAL-FACTS.md section 1.8)
+WGID = _kernel("wgid", f"{_G} %out, i32 %gx", """\
+  %x = call i32 @llvm.amdgcn.workgroup.id.x()
+  %y = call i32 @llvm.amdgcn.workgroup.id.y()
+  %t = call i32 @llvm.amdgcn.workitem.id.x()
+  %first = icmp eq i32 %t, 0
+  br i1 %first, label %w, label %done
+w:
+  %row = mul i32 %y, %gx
+  %slot = add i32 %row, %x
+  %v0 = mul i32 %y, 1000
+  %v = add i32 %v0, %x
+  %p = getelementptr i32, ptr addrspace(1) %out, i32 %slot
+  store i32 %v, ptr addrspace(1) %p
+  br label %done
+done:
+  ret void""", (32, 1))
+
+KERNELS: tuple[CorpusKernel, ...] = (EW_F32, EW_I32, CAST, REDUCE, MATMUL, DIVERGENT, WGID)
 
 _GLOBALS = {
     "reduce_sum": '@lds = internal addrspace(3) global [64 x float] poison, align 4\n',

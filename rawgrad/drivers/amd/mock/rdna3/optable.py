@@ -10,6 +10,7 @@ cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.
   reduce_sum (IR sha256 55792efc0ec0026a, 115 instructions, a VOPD pair counted twice)
   matmul_tiled (IR sha256 9f18891b2dc3a145, 127 instructions, a VOPD pair counted twice)
   divergent (IR sha256 5d560eb6f240ee75, 57 instructions, a VOPD pair counted twice)
+  wgid (IR sha256 b3ba6bc6e2857072, 22 instructions, a VOPD pair counted twice)
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
 the VOP1, VOP2 and VOPC operations (their _e64 forms).
 """
@@ -84,6 +85,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOPC", 77): "v_cmp_ne_u32_e32",
     ("VOPC", 78): "v_cmp_ge_u32_e32",
     ("VOPC", 158): "v_cmpx_nlt_f32_e32",
+    ("VOPC", 202): "v_cmpx_eq_u32_e32",
     ("VOPC", 204): "v_cmpx_gt_u32_e32",
     ("VOPC", 205): "v_cmpx_ne_u32_e32",
     ("VOP3", 17): "v_cmp_lt_f32_e64",

@@ -1,0 +1,163 @@
+"""Launch-level behaviour of the RDNA3 interpreter: where the workgroup id comes from, refusals of what it
+cannot run, faults, denorm modes from rsrc1, barriers, and the exactness of its fused multiply-add."""
+from __future__ import annotations
+
+import dataclasses
+import struct
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from rawgrad.drivers.amd.mock.rdna3 import corpus
+from rawgrad.drivers.amd.mock.rdna3 import decode as decode_mod
+from rawgrad.drivers.amd.mock.rdna3.interp import (
+    MemoryFault,
+    MemoryMap,
+    MockUnsupported,
+    Program,
+    RDNA3Fault,
+    _fma32,
+    run,
+)
+
+A, O = 0x1_0000_0000, 0x2_0000_0000
+
+def _wgid_program() -> Program:
+    return corpus.program("wgid")
+
+
+def _run_wgid(prog: Program, gx: int, gy: int) -> np.ndarray:
+    mem = MemoryMap()
+    out = mem.map(O, np.full(gx * gy, -1, np.int32))
+    run(prog, mem, struct.pack("<Qi", O, gx), (gx, gy, 1), (32, 1, 1))
+    return out.view(np.int32).reshape(gy, gx)
+
+
+def test_workgroup_id_comes_from_user_sgpr_count() -> None:
+    """LLVM pads the user SGPRs (USER_SGPR_COUNT 14 with X and Y ids), so the ids are read from s14/s15:
+    the interpreter must place them after USER_SGPR_COUNT, not at s2 after the kernarg pointer."""
+    prog = _wgid_program()
+    assert prog.kd.user_sgpr_count == 14 and prog.kd.workgroup_id_enabled == (True, True, False)
+    gx, gy = 5, 3
+    want = np.add.outer(np.arange(gy) * 1000, np.arange(gx))
+    np.testing.assert_array_equal(_run_wgid(prog, gx, gy), want)
+    # the same code with a descriptor claiming 2 user SGPRs: the ids land in s2/s3, the code reads s14/s15
+    # (zeros), so every workgroup writes group (0, 0)'s slot: the interpreter follows the descriptor
+    moved = dataclasses.replace(prog.kd, rsrc2=(prog.kd.rsrc2 & ~0x3E) | (2 << 1))
+    got = _run_wgid(Program(prog.image, prog.entry, moved, "wgid"), gx, gy)
+    assert got[0, 0] == 0 and (got.reshape(-1)[1:] == -1).all()
+
+
+def _patched(name: str, word: int) -> Program:
+    """The corpus kernel with its first instruction's first dword replaced."""
+    p = corpus.program(name)
+    img = bytearray(p.image)
+    struct.pack_into("<I", img, p.entry, word)
+    return Program(bytes(img), p.entry, p.kd, name)
+
+
+VOP1_UNKNOWN = 0x7E000000 | (0xFF << 9)  # VOP1 opcode 255: no LLVM mnemonic in the table
+
+
+def test_unknown_opcode_raises_mock_unsupported() -> None:
+    prog = _patched("divergent", VOP1_UNKNOWN)
+    with pytest.raises(MockUnsupported, match=r"<VOP1 opcode 255>: not implemented .*no entry") as e:
+        run(prog, MemoryMap(), bytes(20), (1, 1, 1), (64, 1, 1))
+    assert e.value.mnemonic == "<VOP1 opcode 255>"
+    assert isinstance(e.value, NotImplementedError)
+
+
+def test_mnemonic_without_semantics_raises_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(decode_mod.OPTABLE, ("VOP1", 0xFF), "v_frobnicate_b32_e32")
+    prog = _patched("divergent", VOP1_UNKNOWN)
+    where = r"divergent: pc 0x0 v_frobnicate_b32_e32 .*"
+    with pytest.raises(MockUnsupported, match=where + "v_frobnicate_b32_e32: not implemented") as e:
+        run(prog, MemoryMap(), bytes(20), (1, 1, 1), (64, 1, 1))
+    assert e.value.mnemonic == "v_frobnicate_b32_e32"
+
+
+def test_lds_overrun_faults() -> None:
+    """reduce_sum stores 64 floats to LDS; a descriptor granting 128 bytes makes lane 32's store fault."""
+    p = corpus.program("reduce_sum")
+    small = dataclasses.replace(p.kd, group_segment_fixed_size=128)
+    mem = MemoryMap()
+    mem.map(A, np.ones(64, np.float32))
+    mem.map(O, 4)
+    with pytest.raises(MemoryFault, match=r"ds_store_b32 .*LDS access of 4 bytes at 0x80: past the "
+                                          r"workgroup's 128 bytes"):
+        run(Program(p.image, p.entry, small, "reduce_sum"), mem, struct.pack("<2Qi", O, A, 64), (1, 1, 1),
+            (64, 1, 1))
+
+
+def test_runaway_loop_is_stopped() -> None:
+    mem = MemoryMap()
+    mem.map(A, np.ones((1, 4096), np.float32))
+    mem.map(O, 4)
+    with pytest.raises(RDNA3Fault, match="still running after 50 steps"):
+        run(corpus.program("reduce_sum"), mem, struct.pack("<2Qi", O, A, 4096), (1, 1, 1), (64, 1, 1),
+            max_steps=50)
+
+
+def test_barrier_parks_both_waves() -> None:
+    mem = MemoryMap()
+    mem.map(A, np.arange(64, dtype=np.float32))
+    out = mem.map(O, 4)
+    stats = run(corpus.program("reduce_sum"), mem, struct.pack("<2Qi", O, A, 64), (1, 1, 1), (64, 1, 1),
+                count=True)
+    assert out.view(np.float32)[0] == np.float32(2016)
+    assert stats.waves == 2 and stats.executed is not None
+    # both waves reach each barrier at one pc, so every s_barrier step ran them together: 7 levels + 1
+    assert stats.executed["s_barrier"] == 7
+
+
+def _denorm_program(mode: int) -> Program:
+    p = corpus.program("divergent")
+    kd = dataclasses.replace(p.kd, rsrc1=(p.kd.rsrc1 & ~(3 << 16)) | (mode << 16))
+    return Program(p.image, p.entry, kd, "divergent")
+
+
+@pytest.mark.parametrize("mode,flushed", [(3, False), (0, True), (1, True)])
+def test_f32_denorm_mode_from_rsrc1(mode: int, flushed: bool) -> None:
+    """divergent computes -2 * a for a <= 0: a subnormal result survives only in FLOAT_DENORM_MODE 3."""
+    a = np.array([-1e-39, -2e-40], np.float32)  # -2a stays subnormal (< 1.18e-38)
+    mem = MemoryMap()
+    mem.map(A, a)
+    out = mem.map(O, 8)
+    run(_denorm_program(mode), mem, struct.pack("<2Qi", O, A, 2), (1, 1, 1), (64, 1, 1))
+    want = np.zeros(2, np.float32) if flushed else a * np.float32(-2)
+    np.testing.assert_array_equal(out.view(np.float32), want)
+
+
+def test_fma32_rounds_once() -> None:
+    """Against exact rational arithmetic, including products whose float64 sum would double-round."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(2000).astype(np.float32)
+    b = rng.standard_normal(2000).astype(np.float32)
+    c = (rng.standard_normal(2000) * np.exp2(rng.integers(-30, 30, 2000))).astype(np.float32)
+    # hard cases: a*b = 1 + 2^-24 + 2^-47 style sums land right next to a float32 rounding midpoint
+    one_p = np.float32(1 + 2.0**-23)
+    a = np.concatenate([a, [one_p, one_p, np.float32(1 + 2.0**-12)]]).astype(np.float32)
+    b = np.concatenate([b, [one_p, np.float32(1 - 2.0**-24), np.float32(1 + 2.0**-12)]]).astype(np.float32)
+    c = np.concatenate([c, [np.float32(-1), np.float32(2.0**-50), np.float32(-2.0**-47)]]).astype(np.float32)
+    got = _fma32(a, b, c)
+    for x, y, z, g in zip(a, b, c, got):
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        want = np.float32(float(exact))  # float(Fraction) rounds correctly to float64, then to float32 ...
+        lo, hi = np.nextafter(want, np.float32(-np.inf)), np.nextafter(want, np.float32(np.inf))
+        # ... which can itself double-round: accept only the candidate nearest to the exact value
+        best = min((want, lo, hi), key=lambda v: (abs(Fraction(float(v)) - exact),
+                                                  int(np.float32(v).view(np.uint32)) & 1))
+        assert g == best, (x, y, z, g, best)
+
+
+def test_memory_map_rejects_overlap_and_describes_faults() -> None:
+    mem = MemoryMap()
+    mem.map(0x1000, 256)
+    with pytest.raises(ValueError, match="overlaps"):
+        mem.map(0x10F0, 16)
+    with pytest.raises(MemoryFault, match=r"at 0x1100: not inside any mapping \(0 bytes past the end of "
+                                          r"\[0x1000, 0x1100\)\)"):
+        mem.load(np.array([0x10FC], np.uint64) + np.uint64(4), 4)
+    with pytest.raises(MemoryFault, match="straddles|not inside"):
+        mem.load(np.array([0x10FE], np.uint64), 4)  # starts inside, ends outside
