@@ -14,21 +14,59 @@ Choices where the derivative is not unique (documented because tests and users d
 - POW: d/dx is 0 where the exponent is 0, d/dy is 0 where the base is 0 and the exponent >= 0 (torch).
 - Comparisons, bitwise ops, TRUNC, IDIV/MOD, BITCAST and casts from or to non-float types pass nothing:
   they are piecewise constant or not real-valued. Only float nodes carry gradients.
+
+This module sits below tensor.py and never imports it: tensors reach it only as objects with a `uop`
+(the `GradLeaf` protocol), the process-wide switches it reads (`modes`) live here and Tensor's
+`no_grad`/`training` class attributes read and write them, and the one rule that is a tensor-level
+composite (GATHER's, a one-hot matmul) is registered by the tensor layer (`register_grad_rule`).
 """
 from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from contextlib import ContextDecorator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rawgrad.compiler.ir import COMPARISON, MOVEMENT, Ops, UOp
-from rawgrad.dtype import dtypes
-
-if TYPE_CHECKING:
-    from rawgrad.tensor.tensor import Tensor
+from rawgrad.dtype import DType, dtypes
 
 _LN_2 = math.log(2.0)
+
+
+class GradLeaf(Protocol):
+    """What the leaf registry needs of a tensor (the Tensor class is the only one)."""
+
+    @property
+    def uop(self) -> UOp: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @property
+    def requires_grad(self) -> bool | None: ...
+
+
+class GradModes:
+    """The process-wide switches, kept here so that this module reads them without importing Tensor;
+    `Tensor.no_grad` and `Tensor.training` are views of these two attributes."""
+
+    def __init__(self) -> None:
+        self.no_grad = False  # `with no_grad():` refuses backward and keeps no graph history
+        self.training = False  # dropout and batch statistics; `with Tensor.train():`
+
+
+modes = GradModes()
+
+# Gradient rules for ops whose derivative is itself a tensor-level composite (GATHER's is a one-hot
+# matmul); the tensor layer that builds the op registers its rule (rawgrad.tensor.indexing for GATHER).
+GradRule = Callable[[UOp, UOp], tuple[UOp | None, ...]]
+_composite_rules: dict[Ops, GradRule] = {}
+
+
+def register_grad_rule(op: Ops, rule: GradRule) -> None:
+    """rule(node, grad of node) -> the gradients of node's sources (None where none flows)."""
+    _composite_rules[op] = rule
 
 # Nodes made by `detach()`: gradients stop there. Kept by identity (not as a new op) so the scheduler
 # and the interpreter see an ordinary no-op movement node.
@@ -39,8 +77,8 @@ _detached: weakref.WeakSet[UOp] = weakref.WeakSet()
 _history: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 
 # tensors with requires_grad=True, by id (Tensor.__eq__ is elementwise, so no WeakSet of Tensors)
-_leaves: dict[int, weakref.ref[Tensor]] = {}
-_implicit_leaves: dict[int, weakref.ref[Tensor]] = {}  # requires_grad=None tensors made by the user
+_leaves: dict[int, weakref.ref[GradLeaf]] = {}
+_implicit_leaves: dict[int, weakref.ref[GradLeaf]] = {}  # requires_grad=None tensors made by the user
 
 
 # ---------------------------------------------------------------------- small UOp builders
@@ -169,19 +207,6 @@ def _movement_grad(n: UOp, g: UOp) -> UOp:
     raise NotImplementedError(f"no gradient rule for {op}")
 
 
-def _gather_table_grad(n: UOp, g: UOp) -> UOp:
-    """d(table[rows])/d(table): scatter-add of the output gradient into the picked rows, written as a
-    one-hot (N, V) matrix contracted with the (N, D) gradient (the same kernel a matmul is)."""
-    from rawgrad.tensor.tensor import Tensor
-    table, rows = n.src
-    v, d = table.shape
-    assert g.dtype is not None
-    flat_rows = Tensor(rows).reshape(-1, 1)
-    onehot = (flat_rows == Tensor.arange(v, device=n.device).reshape(1, v)).cast(g.dtype)
-    grad_rows = Tensor(g).reshape(-1, d)
-    return (onehot.transpose(0, 1) @ grad_rows).uop
-
-
 def _source_grads(n: UOp, g: UOp) -> tuple[UOp | None, ...]:
     """Gradients of n's sources given the gradient g of n (None: no gradient flows to that source)."""
     op = n.op
@@ -199,7 +224,11 @@ def _source_grads(n: UOp, g: UOp) -> tuple[UOp | None, ...]:
         x = n.src[0]
         grads = (g if x.device == n.device else UOp(Ops.COPY, g.dtype, (g,), x.device),)
     elif op is Ops.GATHER:
-        grads = (_gather_table_grad(n, g), None)
+        rule = _composite_rules.get(op)
+        if rule is None:
+            raise NotImplementedError(f"no gradient rule registered for {op} (rawgrad.tensor.indexing "
+                                      "registers it)")
+        grads = rule(n, g)
     elif op is Ops.BITCAST or op is Ops.ASSIGN:
         grads = (None,) * len(n.src)
     else:
@@ -250,7 +279,7 @@ def detach_uop(u: UOp) -> UOp:
     return node
 
 
-def register_leaf(t: Tensor, flag: bool | None) -> None:
+def register_leaf(t: GradLeaf, flag: bool | None) -> None:
     key = id(t)
     if flag:
         if not t.dtype.is_float:
@@ -262,7 +291,7 @@ def register_leaf(t: Tensor, flag: bool | None) -> None:
         _implicit_leaves.pop(key, None)
 
 
-def register_implicit_leaf(t: Tensor) -> None:
+def register_implicit_leaf(t: GradLeaf) -> None:
     """A tensor the user made (from data or a factory) with requires_grad=None: tinygrad's "tracked if
     used". backward() gives it a .grad when its loss depends on it and no tensor in that graph has
     requires_grad=True (then torch's rule holds: only those). Results of ops are never implicit leaves."""
@@ -271,7 +300,7 @@ def register_implicit_leaf(t: Tensor) -> None:
         _implicit_leaves[key] = weakref.ref(t, lambda _r: _implicit_leaves.pop(key, None))
 
 
-def implicit_leaves_in(nodes: set[UOp]) -> list[Tensor]:
+def implicit_leaves_in(nodes: set[UOp]) -> list[GradLeaf]:
     found = []
     for ref in list(_implicit_leaves.values()):
         t = ref()
@@ -280,7 +309,7 @@ def implicit_leaves_in(nodes: set[UOp]) -> list[Tensor]:
     return found
 
 
-def leaves_in(nodes: set[UOp]) -> list[Tensor]:
+def leaves_in(nodes: set[UOp]) -> list[GradLeaf]:
     """Live tensors with requires_grad=True whose current node is one of `nodes`."""
     found = []
     for ref in list(_leaves.values()):
@@ -296,8 +325,7 @@ def leaf_nodes() -> set[UOp]:
 
 def remember_history(before: list[UOp], after: tuple[UOp, ...]) -> None:
     """Called by realize: keep the graph behind each result that leads to a tensor requiring grad."""
-    from rawgrad.tensor.tensor import Tensor
-    if Tensor.no_grad or not _leaves:
+    if modes.no_grad or not _leaves:
         return
     leaves = leaf_nodes()
     for old, new in zip(before, after):
@@ -337,14 +365,12 @@ class no_grad(ContextDecorator):  # noqa: N801 - torch's name
         self.prev: list[bool] = []
 
     def __enter__(self) -> no_grad:
-        from rawgrad.tensor.tensor import Tensor
-        self.prev.append(Tensor.no_grad)
-        Tensor.no_grad = self.disable
+        self.prev.append(modes.no_grad)
+        modes.no_grad = self.disable
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from rawgrad.tensor.tensor import Tensor
-        Tensor.no_grad = self.prev.pop()
+        modes.no_grad = self.prev.pop()
 
 
 def enable_grad() -> no_grad:
@@ -359,11 +385,9 @@ class train(ContextDecorator):  # noqa: N801 - tinygrad's name
         self.prev: list[bool] = []
 
     def __enter__(self) -> train:
-        from rawgrad.tensor.tensor import Tensor
-        self.prev.append(Tensor.training)
-        Tensor.training = self.mode
+        self.prev.append(modes.training)
+        modes.training = self.mode
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from rawgrad.tensor.tensor import Tensor
-        Tensor.training = self.prev.pop()
+        modes.training = self.prev.pop()
