@@ -170,9 +170,24 @@ def test_exec_many_arguments_and_tiny_grids(dev, progs):
     dev.allocator.free(buf)
 
 
+def test_exec_3d_global_size_runs_the_product_as_one_linear_range(dev, progs):
+    # the EXEC record carries x, y and z; the processor runs x*y*z indices, x fastest (the launch contract)
+    n = (250, 3, 2)
+    total = n[0] * n[1] * n[2]
+    buf = dev.allocator.alloc((total + 8) * 8)
+    dev.allocator.copyin(buf, memoryview(np.full(total + 8, -1, dtype=np.int64)))
+    progs["fill"](buf, global_size=n, vals=(2, 5), wait=True)
+    got = read_i64(dev, buf, total + 8)
+    assert np.array_equal(got[:total], np.arange(total, dtype=np.int64) * 2 + 5)
+    assert (got[total:] == -1).all(), "the launch ran past x*y*z"
+    dev.allocator.free(buf)
+
+
 def test_exec_rejects_bad_launches(dev, progs):
-    with pytest.raises(ValueError, match="1-D"):
-        dev.queue().exec(progs["fill"], [], (4, 2, 1))
+    with pytest.raises(ValueError, match="global size"):
+        dev.queue().exec(progs["fill"], [], (4, -2, 1))
+    with pytest.raises(ValueError, match="local size"):
+        dev.queue().exec(progs["fill"], [], (4, 2, 1), (0, 1, 1))
     with pytest.raises(TypeError, match="HCQBuffer, int or UOp"):
         dev.queue().exec(progs["fill"], [1.0], (4, 1, 1))
 

@@ -12,25 +12,34 @@ The linear program is a list of statement UOps in execution order:
 with expression DAGs (ALU, CAST, BITCAST, CONST, LOAD(INDEX[, valid]), LOAD(acc), DEFINE_VAR, SPECIAL)
 hanging off them. A renderer emits each expression where it is first needed inside its loop.
 
+Every processor number comes from the `Target` (compiler/target.py): its kind (CPU or GPU), SIMD or warp
+width, the threads per block its renderer writes kernels for, and its widest vector access.
+
 Vector memory access (GPU target): an elementwise kernel whose output is 32-bit and whose innermost output
-axis divides by `GPU_VECTOR_LANES` is lowered with that axis upcast, so each thread computes
-`GPU_VECTOR_LANES` neighbouring outputs. Every group of lane loads (and the lane stores) proven to read
-consecutive elements from an index that is a multiple of the lane count is listed in
-`LinearProgram.vector_groups`, and the PTX renderer turns each group into one 16-byte `ld`/`st.v4`.
+axis divides by the target's vector lanes (its widest vector access over 4 bytes: 4 on NV and AMD) is
+lowered with that axis upcast, so each thread computes that many neighbouring outputs. Every group of lane
+loads (and the lane stores) proven to read consecutive elements from an index that is a multiple of the
+lane count is listed in `LinearProgram.vector_groups`, and the PTX renderer turns each group into one vector
+`ld`/`st` (16 bytes: `.v4` of 32-bit lanes).
 Buffers start at least 256-byte aligned (allocations are page-aligned, arena offsets are 256-aligned), so
 the proof on the index is all the alignment a vector access needs. Groups that cannot be proven (masked
 loads, reshapes that split the axis, broadcasts) stay scalar; if the stores cannot be proven the kernel
 is lowered again without the upcast. NOOPT=1 turns this off (one output per thread, scalar access).
 
-Group reductions (GPU target): a reduce whose innermost reduce axis divides by a warp (32) gives each output
-a group of threads: one warp, or a whole 128-thread block when the axis is long (`GPU_BLOCK_GROUP_MIN_REDUCE`
-elements or more, so each lane still has several to add). Global index g is then output g // group and lane
+Group reductions (GPU target): a reduce whose innermost reduce axis divides by a warp (the target's
+`simd_width`) gives each output a group of threads: one warp, or a whole block (`block_threads`) when the
+axis is long (`GROUP_MIN_ELEMENTS_PER_LANE` elements per thread of the block or more, so each lane still has
+several to add). Global index g is then output g // group and lane
 g % group; lane l adds elements l, l + group, ... so neighbouring threads read neighbouring elements (one
 coalesced line per warp instead of one line per thread), and GROUP_COMBINE merges the lanes' accumulators
 (warp shuffles; for a block, then the warps' results through shared memory). With one thread per output the
 GPU would run a single thread for a full sum and a few hundred for a decode step's matrix-vector products.
 Inputs read with a known stride > 1 along the reduce axis keep one thread per output: there neighbouring
 outputs are the neighbouring elements, so that is the coalesced order.
+
+The program's launch contract (`LinearProgram.launch`, a `LaunchSpec`) is written here: a global size of
+`(global_size, 1, 1)` threads, the local size the target runs it in (a group reduction's block is exactly its
+group when the group is a block), the shared memory a block group needs, and the argument layout.
 """
 from __future__ import annotations
 
@@ -42,20 +51,22 @@ from rawgrad import config
 from rawgrad.compiler.ir import ALU, Ops, UOp, prod
 from rawgrad.compiler.opt import KernelOpts, choose_opts
 from rawgrad.compiler.symbolic import simplify
+from rawgrad.compiler.target import LaunchSpec, Target, host_cpu_target
 from rawgrad.dtype import DType, dtypes
 
 if TYPE_CHECKING:
     from rawgrad.compiler.view import ShapeTracker
 
 _IDX = dtypes.index
-# Lanes of one GPU vector access: 4 x 32-bit = 16 bytes, the widest global ld/st on sm_80 and sm_90.
-GPU_VECTOR_LANES = 4
+# Vector access is for 32-bit elements (the renderers move them as .b32 lanes without conversion).
 GPU_VECTOR_ELEMENT_BYTES = 4
-# Threads that share one reduce output: a warp, or one thread block of the PTX renderer (THREADS_PER_BLOCK)
-# for reduce axes of at least GPU_BLOCK_GROUP_MIN_REDUCE elements (16 per lane of the block).
-GPU_WARP_GROUP = 32
-GPU_BLOCK_GROUP = 128
-GPU_BLOCK_GROUP_MIN_REDUCE = 2048
+# A reduce axis gets a whole block per output (rather than a warp) when each thread of the block still adds
+# at least this many elements: below that the block's barriers and shared-memory round cost more than the
+# extra threads save.
+GROUP_MIN_ELEMENTS_PER_LANE = 16
+# Bytes of shared memory per warp a block group exchanges its partial results through (one accumulator of up
+# to 64 bits; the renderer declares it).
+GROUP_SLOT_BYTES = 8
 
 
 @dataclass
@@ -66,7 +77,9 @@ class LinearProgram:
     statements: list[UOp]
     globals: list[UOp]  # DEFINE_GLOBAL by slot
     variables: list[UOp]  # DEFINE_VAR in argument order (after the buffers)
-    global_size: Any  # int or UOp over `variables`: how many global indices the launch covers
+    global_size: Any  # int or UOp over `variables`: how many global indices the kernel covers
+    launch: LaunchSpec  # the launch contract (compiler/target.py): 3-D sizes, shared memory, arguments
+    target: Target  # what it was lowered for
     opts: KernelOpts = field(default_factory=KernelOpts)
     # LOAD or STORE UOps in lane order, each group proven to access consecutive elements starting at a
     # multiple of the group's size (see the module docstring); empty on the CPU target
@@ -94,7 +107,7 @@ def _sint(v: Any) -> UOp:
 
 
 class _Lowerer:
-    def __init__(self, ast: UOp, name: str, target: str = "cpu", vector_lanes: int = 1,
+    def __init__(self, ast: UOp, name: str, target: Target, vector_lanes: int = 1,
                  group_reduce: bool = False):
         if not (ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE):
             raise ValueError("a kernel must be a SINK of exactly one STORE")
@@ -136,7 +149,7 @@ class _Lowerer:
         out_axes = [i for i in range(n) if i not in self.reduce_axes]
         loads = [x for x in self.value.toposort() if x.op is Ops.LOAD]
         opts = choose_opts(self.full_shape, out_axes, self.reduce_axes, [ld.src[1].arg for ld in loads],
-                           self.out_st, target=self.target)
+                           self.out_st, self.target)
         vector_axis = self._vector_axis(out_axes)
         if vector_axis is not None:
             opts.upcast[vector_axis] = self.vector_lanes
@@ -238,8 +251,14 @@ class _Lowerer:
         for r in reversed(out_ranges):
             self.statements.append(UOp(Ops.ENDRANGE, None, (r,)))
         self.statements.append(UOp(Ops.ENDRANGE, None, (g,)))
-        prog = LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, opts,
-                             group_size=group)
+        # a block group's global size is a multiple of the block, a warp group's of the warp: either way the
+        # block is whole groups (and exactly the group for a block group, whose warps meet in shared memory)
+        local = self.target.local_size(global_size)
+        shared = group // self.target.simd_width * GROUP_SLOT_BYTES if group > self.target.simd_width else 0
+        launch = LaunchSpec((global_size, 1, 1), local, len(self.globals), tuple(self.variables), shared)
+        launch.check_target(self.target)
+        prog = LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, launch,
+                             self.target, opts, group_size=group)
         if vector_axis is not None and self._vector_group(lane_stores):
             prog.vector_groups = [tuple(lane_stores)] + [tuple(lanes) for lanes in lane_loads.values()
                                                          if self._vector_group(lanes)]
@@ -253,10 +272,11 @@ class _Lowerer:
             return 1
         axis = self.reduce_axes[-1]
         size = self.full_shape[axis]
-        if not isinstance(size, int) or size % GPU_WARP_GROUP != 0:
+        warp, block = self.target.simd_width, self.target.block_threads
+        if not isinstance(size, int) or size % warp != 0:
             return 1
-        long_axis = size >= GPU_BLOCK_GROUP_MIN_REDUCE and size % GPU_BLOCK_GROUP == 0
-        group = GPU_BLOCK_GROUP if long_axis else GPU_WARP_GROUP
+        long_axis = size >= GROUP_MIN_ELEMENTS_PER_LANE * block and size % block == 0
+        group = block if long_axis else warp
         # Any reduce is correct split this way; whether it is faster depends on how the inputs are read.
         # A known stride > 1 (or symbolic) along the axis means one thread per output reads coalesced
         # instead (neighbouring outputs are neighbouring elements); a stride the view cannot state
@@ -369,15 +389,20 @@ def _combine(op: Ops, acc: UOp, val: UOp) -> UOp:
     raise ValueError(op)
 
 
-def lower(ast: UOp, name: str = "kernel", target: str = "cpu") -> LinearProgram:
+def lower(ast: UOp, name: str = "kernel", target: Target | None = None) -> LinearProgram:
     """Turn one kernel AST into a linear program (see module docstring).
 
-    `target` is "cpu" (register tiles, a global range split across cores) or "gpu" (no tiles, every
-    output axis in the global range: one thread per output element, or per `GPU_VECTOR_LANES` outputs
-    when they can be stored as one vector, or a warp or block per output of a group reduction); see
-    opt.choose_opts."""
-    if target == "gpu" and not config.NOOPT():
-        prog = _Lowerer(ast, name, target, vector_lanes=GPU_VECTOR_LANES, group_reduce=True).lower()
+    `target` (default: this host's CPU) decides the loop structure: a CPU target gets register tiles and a
+    global range split across cores; a GPU target no tiles and every output axis in the global range: one
+    thread per output element, or per vector of outputs when they can be stored as one vector, or a warp or
+    block per output of a group reduction (see opt.choose_opts)."""
+    if target is None:
+        target = host_cpu_target()
+    if not isinstance(target, Target):
+        raise TypeError(f"lower: target must be a compiler.target.Target, got {target!r}")
+    if target.is_gpu and not config.NOOPT():
+        lanes = target.vector_lanes(GPU_VECTOR_ELEMENT_BYTES)
+        prog = _Lowerer(ast, name, target, vector_lanes=lanes, group_reduce=True).lower()
         if prog.vector_groups or not prog.opts.upcast:
             return prog  # vectorized (stores proven), or no axis was eligible: nothing to undo
         # the upcast output stores could not be proven consecutive and aligned: one output per thread

@@ -10,11 +10,13 @@ Heuristics, each with the reason it pays on a CPU:
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from rawgrad import config
+from rawgrad.compiler.target import Target, host_vector_bits
+
+__all__ = ["KernelOpts", "choose_opts", "host_vector_bits"]  # host_vector_bits: tools/matmul_tile_sweep.py
 
 # Register tile (rows x columns of accumulators) per SIMD width. Measured on a 2-core AVX-512 EPYC with
 # float32 matmul (docs/benchmarks.md): 8x32 (16 zmm accumulators) reached 160 GFLOP/s at 2048, where
@@ -32,21 +34,6 @@ class KernelOpts:
     # the reduce loop stays vectorizable although axes are upcast (the upcast shares loads across rows
     # instead of forming a SIMD tile; see _share_row_loads)
     vectorize_reduce: bool = False
-
-
-@functools.cache
-def host_vector_bits() -> int:
-    """The widest float SIMD register of this CPU, as LLVM sees it."""
-    try:
-        import llvmlite.binding as llvm
-        features = llvm.get_host_cpu_features().flatten()
-    except Exception:  # no LLVM host info: assume the 128-bit baseline every x86-64/aarch64 has
-        return 128
-    if "+avx512f" in features:
-        return 512
-    if "+avx2" in features or "+avx" in features:
-        return 256
-    return 128
 
 
 def _largest_divisor(dim: Any, choices: tuple[int, ...]) -> int | None:
@@ -81,14 +68,17 @@ def _share_row_loads(opts: KernelOpts, full_shape: tuple[Any, ...], out_axes: li
 
 
 def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: tuple[int, ...],
-                load_sts: list[Any], out_st: Any, target: str = "cpu") -> KernelOpts:
-    """Pick upcasts and the global axes. `target="gpu"`: no register tiles, and every output axis is
-    global, because a GPU runs one thread per output element and finds its parallelism there."""
-    if target == "gpu":
+                load_sts: list[Any], out_st: Any, target: Target) -> KernelOpts:
+    """Pick upcasts and the global axes for `target`. A GPU target: no register tiles, and every output
+    axis is global, because a GPU runs one thread per output element and finds its parallelism there. A CPU
+    target: register tiles sized by its SIMD width (`target.vector_bits`)."""
+    if target.is_gpu:
         return KernelOpts(global_axes=sum(1 for ax in out_axes
                                           if not (isinstance(full_shape[ax], int) and full_shape[ax] == 1)))
-    if target != "cpu":
-        raise ValueError(f"unknown kernel target {target!r} (expected 'cpu' or 'gpu')")
+    tiles = TILES_BY_VECTOR_BITS.get(target.vector_bits)
+    if tiles is None:
+        raise ValueError(f"target {target.name}: no register tile for {target.vector_bits}-bit vectors "
+                         f"(known: {sorted(TILES_BY_VECTOR_BITS)})")
     opts = KernelOpts()
     if config.NOOPT():
         return opts
@@ -105,7 +95,7 @@ def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: t
                     # innermost such axis, unless only an outer one has a size the tile divides (a
                     # symbolic sequence length does not, the batch axis may)
                     broadcast = [ax2 for ax2 in out_axes if ax2 != ax and mine[ax2] == 0]
-                    rows = TILES_BY_VECTOR_BITS[host_vector_bits()][0]
+                    rows = tiles[0]
                     divisible = [ax2 for ax2 in broadcast
                                  if _largest_divisor(full_shape[ax2], (rows, 4, 2)) is not None]
                     if divisible or broadcast:
@@ -114,7 +104,7 @@ def choose_opts(full_shape: tuple[Any, ...], out_axes: list[int], reduce_axes: t
             if contig_axis is not None:
                 break
         if contig_axis is not None:
-            tile_rows, tile_cols = TILES_BY_VECTOR_BITS[host_vector_bits()]
+            tile_rows, tile_cols = tiles
             f = _largest_divisor(full_shape[contig_axis], (tile_cols, tile_cols // 2, 8, 4))
             if f is not None:
                 opts.upcast[contig_axis] = f

@@ -8,11 +8,12 @@ from typing import Any, TypeVar
 
 from rawgrad import config
 from rawgrad.compiler.renderer import Renderer
+from rawgrad.compiler.target import LaunchSpec, Target
 from rawgrad.errors import ArgumentError
 from rawgrad.hcq.allocator import Allocator
 from rawgrad.hcq.errors import DeviceClosedError, DeviceUnavailable, HCQError
-from rawgrad.hcq.program import Program
-from rawgrad.hcq.queue import HWQueue
+from rawgrad.hcq.program import KernelLaunch, Program
+from rawgrad.hcq.queue import HWQueue, Value
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 
 __all__ = ["Device", "DeviceRegistry", "DeviceUnavailable", "HCQDevice"]
@@ -22,6 +23,9 @@ A = TypeVar("A")
 
 class HCQDevice:
     """One device: a timeline signal, an allocator, a compiler and queue/program factories.
+
+`target` (compiler/target.py) describes its processor (the renderer's: what kernels for it may assume);
+None for a device that cannot run kernels.
 
     `timeline_value` is the next value the timeline will be signalled with; every piece of work
     submitted on the timeline signals it, so `synchronize` waits for `timeline_value - 1`.
@@ -38,6 +42,7 @@ class HCQDevice:
         self.allocator = allocator
         self.compiler = compiler
         self.renderer = renderer
+        self.target: Target | None = renderer.target if renderer is not None else None
         # Re-entrant: a driver's submit may run under a caller that already holds it (Program.__call__ ->
         # queue.submit), and a garbage-collector finalizer may run on a thread that holds it.
         self.submit_lock = threading.RLock()
@@ -107,9 +112,17 @@ class HCQDevice:
         """A new, empty compute queue for this device."""
         raise NotImplementedError
 
-    def program(self, name: str, lib: bytes) -> Program:
-        """Load kernel `name` from the compiled binary `lib`."""
+    def program(self, name: str, lib: bytes, launch: LaunchSpec | None = None) -> Program:
+        """Load kernel `name` from the compiled binary `lib`; `launch` is its launch contract (from the
+        lowerer), which the driver may complete with what its compiler reported (registers)."""
         raise NotImplementedError
+
+    def graph_copy(self, dst: Value, src: Value, nbytes: Value) -> KernelLaunch | None:
+        """How a captured graph encodes a same-device copy on this device's compute queue: None (the
+        default, the CPU's) to use the queue's own `copy` command, or a kernel launch for a device whose
+        compute queue copies with a kernel (NV), so its entry point is relocated like any other program's
+        and the graph can be saved."""
+        return None
 
     def check_fault(self) -> None:
         """Raise DeviceFault if the device reported an error (called while waiting)."""

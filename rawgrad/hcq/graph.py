@@ -74,11 +74,20 @@ def profile_var(index: int, end: bool) -> UOp:
 
 @dataclass
 class KernelCommand:
-    """One launch: buffer addresses then integer scalars in `args`, a 1-D `global_size`."""
+    """One launch: buffer addresses then integer scalars in `args`, a 3-D `global_size` in threads (ints or
+    symbolic patch points; a bare value means `(value, 1, 1)`), and the block: `local_size` (None: the
+    program's launch contract, as `HWQueue.exec`)."""
 
     program: Program
     args: list[Value]
-    global_size: Value
+    global_size: Value | tuple[Value, Value, Value]
+    local_size: tuple[int, int, int] | None = None
+
+    @property
+    def dims(self) -> tuple[Value, Value, Value]:
+        """The 3-D global size."""
+        g = self.global_size
+        return g if isinstance(g, tuple) else (g, 1, 1)
 
 
 @dataclass
@@ -123,6 +132,7 @@ class _SymbolicProgram:
 
     def __init__(self, program: Program, entry: UOp) -> None:
         self.name, self.device, self.lib = program.name, program.device, program.lib
+        self.launch = program.launch  # the contract travels with the stand-in (HWQueue.exec reads it)
         self.fn_addr = entry  # what the CPU encoder reads (drivers/cpu/device.py CPUQueue._exec)
 
     def __repr__(self) -> str:
@@ -155,17 +165,18 @@ def build_template(device: HCQDevice, commands: Sequence[Command],
                 k = len(profiled)
                 start: Any = _SymbolicSignal(profile_var(k, end=False), f"profile {k} start")
                 end: Any = _SymbolicSignal(profile_var(k, end=True), f"profile {k} end")
-                q.timestamp(start).exec(proxy, cmd.args, (cmd.global_size, 1, 1)).timestamp(end)
+                q.timestamp(start).exec(proxy, cmd.args, cmd.dims, cmd.local_size).timestamp(end)
                 profiled.append(cmd.program.name)
             else:
-                q.exec(proxy, cmd.args, (cmd.global_size, 1, 1))
-        elif isinstance(cmd, CopyCommand) and hasattr(device, "copy_as_kernel"):
-            # a device whose compute queue copies with a kernel (NV): encode it as that kernel, so its entry
-            # point is a relocation like every other program's and the graph can be saved
-            program, args, threads = device.copy_as_kernel(cmd.dst, cmd.src, cmd.nbytes)
-            q.exec(proxy_for(program), args, (threads, 1, 1))
+                q.exec(proxy, cmd.args, cmd.dims, cmd.local_size)
         elif isinstance(cmd, CopyCommand):
-            q.copy(cmd.dst, cmd.src, cmd.nbytes)
+            # a device whose compute queue copies with a kernel (NV) encodes it as that kernel, so its entry
+            # point is a relocation like every other program's and the graph can be saved
+            kernel = device.graph_copy(cmd.dst, cmd.src, cmd.nbytes)
+            if kernel is None:
+                q.copy(cmd.dst, cmd.src, cmd.nbytes)
+            else:
+                q.exec(proxy_for(kernel.program), kernel.args, kernel.global_size, kernel.local_size)
         else:
             raise TypeError(f"not a graph command: {cmd!r}")
     q.signal(timeline, TIMELINE_SIGNAL)

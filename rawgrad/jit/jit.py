@@ -334,18 +334,21 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
             devices[dev].append(CopyCommand(address(dst, dev), address(src, dev), nbytes))
             continue
         ck = ei.kernel
-        gsize: Any = ck.linear.global_size
-        if isinstance(gsize, UOp):
-            try:
-                sym_eval(gsize, var_vals)
-            except TypeError as e:
-                raise JitError(f"{name}: kernel {ck.name} has a launch size the graph cannot patch: "
-                               f"{e}") from e
-            if not gsize.variables():
-                gsize = sym_eval(gsize, {})
+        contract = ck.linear.launch  # the kernel's launch contract: 3-D global size (patch points), block
+        dims: list[Any] = []
+        for g in contract.global_size:
+            if isinstance(g, UOp):
+                try:
+                    sym_eval(g, var_vals)
+                except TypeError as e:
+                    raise JitError(f"{name}: kernel {ck.name} has a launch size the graph cannot patch: "
+                                   f"{e}") from e
+                if not g.variables():
+                    g = sym_eval(g, {})
+            dims.append(g)
         args = [address(b, dev) for b in ei.bufs] + \
             [v.bind(ei.var_vals[v]) if is_scalar_arg(v) else v for v in ck.linear.variables]
-        devices[dev].append(KernelCommand(ck.program, args, gsize))
+        devices[dev].append(KernelCommand(ck.program, args, (dims[0], dims[1], dims[2]), contract.local_size))
         kernels += 1
 
     graphs = []

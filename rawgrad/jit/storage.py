@@ -71,7 +71,11 @@ MAGIC = b"RGJITGRF"
 # instead of inline behind NO_OPERATION methods)
 # 3: each device carries its identity (driver class, compiler target, sm architecture, compute class);
 # the manifest is validated field by field
-FORMAT_VERSION = 3
+# 4: a CPU launch record carries the 3-D global size (x in word 2, y and z in words 5 and 6; before, those
+# words were zero, which now means an empty launch): the launch contract is 3-D
+FORMAT_VERSION = 4
+# A CPU launch record's last operand word: no field (drivers/cpu/records.py), so a file must hold 0 there.
+EXEC_UNUSED_WORD = 7
 _HEADER = struct.Struct("<8sII32sQ")
 _U64 = struct.Struct("<Q")
 
@@ -719,6 +723,9 @@ class _Validator:
                     if base + k in patched:
                         self.fail(f"{where}.patches", f"CPU queue word {base + k} (argument count) is "
                                                       f"patched")
+                if base + EXEC_UNUSED_WORD in patched or int(words[base + EXEC_UNUSED_WORD]) != 0:
+                    self.fail(f"{where}.words", f"CPU launch record {r}: word {EXEC_UNUSED_WORD} is unused "
+                                                f"and must be 0")
                 need(base + 1, "kernel entry point", entries)
                 nargs, narg_records = int(words[base + 3]), int(words[base + 4])
                 if nargs > narg_records * RECORD_WORDS or r + 1 + narg_records > records:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rawgrad import config
@@ -45,16 +45,23 @@ class CompiledKernel:
     program: Any  # hcq Program
     linear: LinearProgram
     source: str
+    # the launch contract's global size when it names no Variable (the common case: no work per launch)
+    static_global: tuple[int, int, int] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.static_global = self.linear.launch.static_global
 
     def launch(self, bufs: list[Any], var_vals: dict[UOp, int], wait: bool = False,
                profile: bool = False) -> float | None:
-        """Run once; `profile` brackets the exec with device timestamps recorded by hcq.profile."""
+        """Run once with the launch contract's sizes (the program's blocks); `profile` brackets the exec
+        with device timestamps recorded by hcq.profile."""
         vals = tuple(var_vals[v] for v in self.linear.variables)
-        gsize = (int(sym_infer(self.linear.global_size, var_vals)), 1, 1)
+        spec = self.linear.launch
+        gsize = self.static_global if self.static_global is not None else spec.global_for(var_vals)
         if profile:
             from rawgrad.hcq import profile as hcq_profile
-            return hcq_profile.launch(self.program, bufs, gsize, vals=vals, wait=wait)
-        return self.program(*bufs, global_size=gsize, vals=vals, wait=wait)
+            return hcq_profile.launch(self.program, bufs, gsize, spec.local_size, vals=vals, wait=wait)
+        return self.program(*bufs, global_size=gsize, local_size=spec.local_size, vals=vals, wait=wait)
 
 
 @dataclass
@@ -170,7 +177,7 @@ def _build_kernel(ast: UOp, dev: Any, device: str, name: str) -> CompiledKernel:
         print(src)
     lib = dev.compiler.compile(src)
     GlobalCounters.kernels_compiled += 1
-    ck = CompiledKernel(linear.name, dev.program(linear.name, lib), linear, src)
+    ck = CompiledKernel(linear.name, dev.program(linear.name, lib, linear.launch), linear, src)
     _kernel_cache[key] = ck
     if len(_kernel_cache) > config.MAX_LOADED_KERNELS():
         _evict(len(_kernel_cache) - config.MAX_LOADED_KERNELS())

@@ -37,7 +37,7 @@ def scale_add(dev: HCQDevice) -> ScaleAdd:
     linear = dev.renderer.lower(item.ast, "conformance_scale_add")
     assert linear.variables == [n] and linear.global_size is n, "the kernel should launch one index per i"
     lib = dev.compiler.compile(dev.renderer.render(linear))
-    return ScaleAdd(dev.program(linear.name, lib), n)
+    return ScaleAdd(dev.program(linear.name, lib, linear.launch), n)
 
 
 def upload(dev: HCQDevice, data: np.ndarray) -> HCQBuffer:

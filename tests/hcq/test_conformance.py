@@ -108,20 +108,55 @@ def test_exec_1d(device: HCQDevice, kernel: ScaleAdd, n: int, local: tuple[int, 
     device.allocator.free(out)
 
 
-@pytest.mark.xfail(strict=True, reason="launch contract is 1-D until the renderers index kernels by all "
-                                       "three global dimensions (CPU refuses (a, b, c) launches; NV kernels "
-                                       "read only the x index)")
-@pytest.mark.parametrize("global_size, local", [((16, 4, 1), (4, 2, 1)), ((8, 4, 2), (2, 2, 2))],
-                         ids=["2d", "3d"])
+@pytest.mark.parametrize("global_size, local", [((16, 4, 1), (4, 2, 1)), ((8, 4, 2), (2, 2, 2)),
+                                                 ((10, 3, 1), (4, 2, 1)), ((3, 5, 7), (2, 2, 2))],
+                         ids=["2d", "3d", "2d-ragged", "3d-ragged"])
 def test_exec_multidimensional(fresh: Callable[..., HCQDevice], global_size: tuple[int, int, int],
                                local: tuple[int, int, int]) -> None:
+    """A kernel indexes by all three dimensions: every one of its n = x*y*z indices runs exactly once, also
+    when the local size does not divide the global size (the grid rounds up; the extra threads do nothing)."""
     dev = fresh()  # a launch shape a kernel was not built for may fault the device
     kernel = scale_add(dev)
     n = int(np.prod(global_size))
     x_np = _inputs(n)
     x, out = upload(dev, x_np), _zeros(dev)
     dev.timeline_submit(lambda q: q.exec(kernel.program, [out, x, n], global_size, local))
-    np.testing.assert_array_equal(download(dev, out)[:n], ScaleAdd.expected(x_np, n))
+    got = download(dev, out)
+    np.testing.assert_array_equal(got[:n], ScaleAdd.expected(x_np, n))
+    assert not got[n:].any(), "the launch wrote past the kernel's global size"
+
+
+def test_exec_covers_only_the_kernels_global_size(device: HCQDevice, kernel: ScaleAdd) -> None:
+    """A launch wider than the kernel's global size (n) runs nothing past it, on every device."""
+    n = 37
+    x_np = _inputs(5)
+    x, out = upload(device, x_np), _zeros(device)
+    device.timeline_submit(lambda q: q.exec(kernel.program, [out, x, n], (8, 4, 2)))  # 64 threads, n = 37
+    got = download(device, out)
+    np.testing.assert_array_equal(got[:n], ScaleAdd.expected(x_np, n))
+    assert not got[n:].any(), "threads past the kernel's global size wrote"
+
+
+def test_exec_takes_the_block_from_the_launch_contract(device: HCQDevice, kernel: ScaleAdd) -> None:
+    contract = kernel.program.launch
+    assert contract is not None and contract.buffers == 2 and contract.scalars == (kernel.n,)
+    assert contract.global_size == (kernel.n, 1, 1)
+    assert device.target is not None and contract.local_size == device.target.local_size(kernel.n)
+    x_np = _inputs(6)
+    x, out = upload(device, x_np), _zeros(device)
+    device.timeline_submit(lambda q: q.exec(kernel.program, [out, x, 200], (200, 1, 1)))  # no local size
+    np.testing.assert_array_equal(download(device, out)[:200], ScaleAdd.expected(x_np, 200))
+
+
+@pytest.mark.parametrize("local", [(0, 1, 1), (4, 1), (2.0, 1, 1)], ids=["zero", "2-d", "float"])
+def test_exec_refuses_a_bad_local_size(device: HCQDevice, kernel: ScaleAdd, local: tuple) -> None:
+    with pytest.raises(ValueError, match="local"):
+        device.queue().exec(kernel.program, [0, 0, 4], (4, 1, 1), local)
+
+
+def test_exec_refuses_a_wrong_argument_count(device: HCQDevice, kernel: ScaleAdd) -> None:
+    with pytest.raises(ValueError, match="2 buffers and 1 scalars"):
+        device.queue().exec(kernel.program, [0, 0], (4, 1, 1))
 
 
 # ------------------------------------------------------------------------------ copies

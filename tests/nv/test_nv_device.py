@@ -15,6 +15,7 @@ import pytest
 from rawgrad import Tensor, TinyJit, Variable
 from rawgrad.compiler import elf
 from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.target import LaunchSpec
 from rawgrad.drivers.nv import _probe
 from rawgrad.drivers.nv import pushbuf as pb
 from rawgrad.drivers.nv.cubin import (
@@ -35,6 +36,8 @@ from rawgrad.hcq.graph import address_var
 
 from .conftest import SMALL_WINDOW
 
+# The block of the hand-written kernels below (their .maxntid), named by their launch contracts.
+BLOCK = 128
 KERNELS = """
 .version 7.8
 .target {arch}
@@ -117,8 +120,13 @@ def dev(mock: MockNV) -> Iterator[NVHCQDevice]:
 
 @pytest.fixture
 def progs(dev: NVHCQDevice) -> dict[str, Any]:
+    """The hand-written kernels with their launch contracts: one thread per index, blocks of BLOCK (their
+    .maxntid); a launch that names no block runs in those."""
     lib = dev.compiler.compile(KERNELS.format(arch=dev.arch))
-    return {name: dev.program(name, lib) for name in ("fill", "add1")}
+    n, k = Variable("progs.n", 0, 1 << 40), Variable("progs.k", -(1 << 40), 1 << 40)
+    contracts = {"fill": LaunchSpec((n, 1, 1), (BLOCK, 1, 1), buffers=1, scalars=(n, k)),
+                 "add1": LaunchSpec((n, 1, 1), (BLOCK, 1, 1), buffers=2, scalars=(n,))}
+    return {name: dev.program(name, lib, contracts[name]) for name in ("fill", "add1")}
 
 
 def host(dev: NVHCQDevice, buf: Any, dtype: Any = np.int64) -> np.ndarray:
@@ -261,7 +269,7 @@ def test_program_image_and_launch(dev: NVHCQDevice, mock: MockNV, progs: dict[st
     launch = mock.gpu.launches[-1]
     assert launch.entry == "fill" and launch.grid == (8, 1, 1) and launch.block == (128, 1, 1)
     assert len(launch.qmd) == dev.qmd_class.SIZE_BYTES and launch.qmd_va % 256 == 0
-    with pytest.raises(ValueError, match="fill takes 3 arguments"):
+    with pytest.raises(ValueError, match=r"fill takes 1 buffers and 2 scalars \(3 arguments\)"):
         dev.queue().exec(fill, [out], (4, 1, 1))
 
 
@@ -327,7 +335,7 @@ def test_bind_and_patch_on_submit(dev: NVHCQDevice, mock: MockNV, progs: dict[st
         assert mock.gpu.launches[-1].grid == (-(-n // 128), 1, 1)  # ceil(n / block) computed at submit
     with pytest.raises(KeyError, match="no value for variable 'k'"):
         q.submit(dev, {out_var: bufs[0].va_addr, n_var: 1, wait: 0, sig: 0})
-    grid_expr = dev.launch_dims((n_var, 1, 1), (1, 1, 1))[0][0]
+    grid_expr = dev.launch_dims((n_var, 1, 1), (BLOCK, 1, 1))[0][0]
     assert isinstance(grid_expr, UOp) and sym_eval(grid_expr, {n_var: 257}) == 3
 
 

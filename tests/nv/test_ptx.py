@@ -15,21 +15,18 @@ import pytest
 
 from rawgrad import Tensor, Variable
 from rawgrad.compiler.ir import Ops, UOp
-from rawgrad.compiler.renderer.ptx import (
-    THREADS_PER_BLOCK,
-    WARP_SIZE,
-    PTXRenderer,
-    launch_dims,
-    param_layout,
-    reg_class,
-)
+from rawgrad.compiler.renderer.ptx import PTXRenderer, launch_dims, param_layout, reg_class
 from rawgrad.compiler.symbolic import sym_infer
+from rawgrad.compiler.target import NV_SM90
 from rawgrad.drivers.nv.mock.ptx_interp import MemoryFault, NumpyMemory, PTXError, PTXModule
 from rawgrad.dtype import DType, bf16_bits_to_f32, dtypes, f32_to_bf16_bits
 from rawgrad.tensor.buffers import buffer_numpy, is_allocated
 from rawgrad.tensor.schedule import create_schedule
 
 HEADER = ".version 7.8\n.target sm_90\n.address_size 64\n"
+# the renderer's block and warp come from its target (compiler/target.py)
+THREADS_PER_BLOCK = NV_SM90.block_threads
+WARP_SIZE = NV_SM90.simd_width
 
 
 # ---------------------------------------------------------------------- helpers
@@ -64,7 +61,7 @@ def run_on_ptx(*tensors: Tensor) -> list[np.ndarray]:
         for (_, off, size), w in zip(layout, words):
             params[off:off + size] = struct.pack("<q" if size == 8 else "<i", w)
         gsize = int(sym_infer(prog.global_size, si.var_vals))
-        grid, block = launch_dims(gsize)
+        grid, block = launch_dims(gsize, prog.launch.local_size[0])  # the block of the launch contract
         PTXModule(src_text).launch(prog.name, grid, block, bytes(params), mem)
     out = []
     for t, r in zip(tensors, results):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from rawgrad import Tensor
-from rawgrad.compiler.renderer.ptx import THREADS_PER_BLOCK, PTXRenderer, launch_dims, param_layout
+from rawgrad.compiler.renderer.ptx import PTXRenderer, launch_dims, param_layout
+from rawgrad.compiler.target import NV_SM90
 from rawgrad.drivers.nv.mock.ptx_interp import (
     DIV_APPROX_MAX_ULP,
     EX2_MAX_ULP,
@@ -208,7 +209,8 @@ def _compiled_row_sums(x: np.ndarray) -> tuple[str, object]:
     assert len(items) == 1 and items[0].ast is not None
     renderer = PTXRenderer()
     prog = renderer.lower(items[0].ast, "rows")
-    assert prog.group_size == THREADS_PER_BLOCK  # a block per output: shuffles, shared slots, 2 bar.sync
+    # a block per output: shuffles, shared slots, 2 bar.sync; the launch contract names that block
+    assert prog.group_size == NV_SM90.block_threads and prog.launch.local_size == (prog.group_size, 1, 1)
     return renderer.render(prog), prog
 
 
@@ -218,7 +220,7 @@ def _launch_rows(text: str, prog: object, x: np.ndarray, **kw: object) -> np.nda
     layout = param_layout(prog)  # type: ignore[arg-type]
     params = b"".join(struct.pack("<Q", a) for a in (out, inp))
     assert [off for _, off, _ in layout] == [0, 8]
-    grid, block = launch_dims(x.shape[0] * THREADS_PER_BLOCK)
+    grid, block = launch_dims(x.shape[0] * NV_SM90.block_threads)
     PTXModule(text).launch("rows", grid, block, params, mem, **kw)  # type: ignore[arg-type]
     return mem.read(out, np.float32, x.shape[0])
 
@@ -392,7 +394,7 @@ def _rendered(t: Tensor) -> tuple[np.ndarray, list[str]]:
         params = b"".join(struct.pack("<Q", addr[si.bufs[g.arg]]) for g in prog.globals) + \
             b"".join(struct.pack("<q", si.var_vals[v]) for v in prog.variables)  # float constants
         mod = PTXModule(renderer.render(prog))
-        grid, block = launch_dims(int(prog.global_size))
+        grid, block = launch_dims(int(prog.global_size), prog.launch.local_size[0])
         mod.launch(prog.name, grid, block, params, mem)
         warnings += mod.warnings
     out = results[0].base

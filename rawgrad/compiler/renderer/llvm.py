@@ -3,7 +3,9 @@
 Calling convention (what the CPU command processor calls):
     void @name(ptr %args, i64 %start, i64 %end)
 `args` holds 8-byte words: the buffer addresses by slot, then the Variable values in the program's
-order; the kernel covers global indices [start, end).
+order; the kernel covers global indices [start, min(end, global size)): the command processor splits the
+launch's linear grid (the product of its 3-D global size, compiler/target.py) into such ranges, and indices
+past the kernel's own global size do nothing, as on a GPU.
 
 Loop counters and accumulators live in allocas in the entry block; LLVM's mem2reg turns them into
 SSA registers, and its loop and SLP vectorizers do the SIMD work. Accumulator updates carry the
@@ -18,6 +20,7 @@ from typing import Any
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.lower import LinearProgram, lower
+from rawgrad.compiler.target import Target, host_cpu_target
 from rawgrad.dtype import DType, dtypes
 
 # inline exp2 for float32: the clamp range (2**128 is inf, 2**-150 rounds to 0) and e**(f ln 2)'s Taylor
@@ -265,7 +268,15 @@ class _Emitter:
             assert dt is not None
             return const_text(u.arg, dt)
         if op is Ops.SPECIAL:
-            return "%start" if u.arg[0] == "start" else "%end"
+            if u.arg[0] == "start":
+                return "%start"
+            # a launch wider than the kernel's global size runs nothing past it (the launch contract)
+            size = self.prog.global_size
+            limit = self.value(size) if isinstance(size, UOp) else str(int(size))
+            short, out = self.tmp(), self.tmp()
+            self.emit(f"{short} = icmp slt i64 %end, {limit}")
+            self.emit(f"{out} = select i1 {short}, i64 %end, i64 {limit}")
+            return out
         if op is Ops.LOAD:
             assert dt is not None
             if u.src[0].op is Ops.DEFINE_ACC:
@@ -522,12 +533,17 @@ def render_llvm(prog: LinearProgram) -> str:
 
 
 class LLVMRenderer:
-    """The CPU's renderer: loops tiled for the host's SIMD width, printed as LLVM IR."""
+    """The CPU's renderer: loops tiled for the target's SIMD width (default: this host), as LLVM IR."""
 
     language = "llvm"
 
+    def __init__(self, target: Target | None = None) -> None:
+        self.target = target if target is not None else host_cpu_target()
+        if self.target.is_gpu:
+            raise ValueError(f"the LLVM CPU renderer compiles for a CPU target, not {self.target.name}")
+
     def lower(self, ast: UOp, name: str) -> LinearProgram:
-        return lower(ast, name)
+        return lower(ast, name, self.target)
 
     def render(self, prog: LinearProgram) -> str:
         return render_llvm(prog)

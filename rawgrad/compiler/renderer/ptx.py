@@ -8,16 +8,21 @@ are `dtypes.index` (int64) and every index expression over them is 64-bit; a 32-
 save bytes and cost a conversion per use. `param_layout(prog)` gives each parameter's name, byte offset
 and size (natural alignment, offsets from 0: every parameter is 8 bytes, so parameter k is at 8 * k).
 
-Thread mapping: one thread per global index, `gidx = ctaid.x * ntid.x + tid.x`; threads with
-`gidx >= global_size` do nothing. `global_size` may be symbolic: the kernel computes it from the
-Variable parameters. Launch with `launch_dims(global_size)` (blocks of `THREADS_PER_BLOCK`).
-Lowering is `lower(..., target="gpu")`: no register tiles, every output axis in the global index. An
+Thread mapping: one thread per global index. The index is linear over the whole launched grid (the launch
+contract of compiler/target.py): `gidx = x + X * (y + Y * z)` with `x = ctaid.x * ntid.x + tid.x` (the same
+for y and z) and `X = nctaid.x * ntid.x`, `Y = nctaid.y * ntid.y`, so a kernel runs the same under a 1-D, 2-D
+or 3-D launch; threads with `gidx >= global_size` do nothing. `global_size` may be symbolic: the kernel
+computes it from the Variable parameters. The block comes from the program's launch contract
+(`prog.launch.local_size`); `launch_dims(global_size)` gives the 1-D grid for blocks of the target's size.
+Every processor number (warp width, threads per block, vector width) comes from the `Target`
+(`compiler.target.nv_target(arch)`). Lowering is for that GPU target: no register tiles, every output axis
+in the global index. An
 elementwise kernel with 32-bit output may give each thread 4 neighbouring outputs (`vector_groups` of the
 linear program): those stores, and the loads proven consecutive and 16-byte aligned, become one
 `ld`/`st.global.v4` each, so a memory-bound kernel issues a quarter of the memory instructions. A group
-reduction (`group_size` 32 or 128) runs a warp or the whole block per output: the lanes' accumulators meet
-through `shfl.sync.bfly` (and, for a block, one shared-memory slot per warp between two `bar.sync`), and
-lane 0 of the group stores.
+reduction (`group_size` a warp or `block_threads`) runs a warp or the whole block per output: the lanes'
+accumulators meet through `shfl.sync.bfly` (and, for a block, one shared-memory slot per warp between two
+`bar.sync`), and lane 0 of the group stores.
 
 Registers: bool is a predicate (`.pred`) and a byte (0/1) in memory; integers of up to 32 bits live in
 `.b32` registers, sign- or zero-extended from their width after every operation that can wrap
@@ -49,17 +54,15 @@ from typing import Any
 import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
-from rawgrad.compiler.lower import LinearProgram, lower
+from rawgrad.compiler.lower import GROUP_SLOT_BYTES, LinearProgram, lower
+from rawgrad.compiler.target import Target, nv_target
 from rawgrad.dtype import DType, dtypes
 
 PTX_VERSION = "7.8"  # PTX ISA 7.8 (CUDA 11.8): the first with sm_90
 DEFAULT_ARCH = "sm_90"  # Hopper (H100/H200)
 ADDRESS_SIZE = 64
-THREADS_PER_BLOCK = 128  # a multiple of the 32-thread warp; small enough for any register budget
+DEFAULT_TARGET = nv_target(DEFAULT_ARCH)
 PARAM_SIZE = 8  # every parameter is a .u64 pointer or an .s64 Variable value
-GROUP_SLOT_BYTES = 8  # one accumulator (up to 64 bits) per warp in a group reduction's shared array
-WARP_SIZE = 32
-SHFL_WHOLE_WARP = "0x1f"  # shfl.sync c operand: one segment spanning the warp
 SHFL_ALL_LANES = "0xffffffff"  # shfl.sync membermask: every lane of the warp takes part
 MAX_GRID_X = 2 ** 31 - 1  # the x dimension of a grid (CUDA programming guide, compute capability >= 3.0)
 
@@ -68,14 +71,22 @@ _CLASSES = {"pred": (".pred", "%p"), "b16": (".b16", "%h"), "b32": (".b32", "%r"
             "f32": (".f32", "%f"), "f64": (".f64", "%fd")}
 
 
-def launch_dims(global_size: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(grid, block) covering `global_size` threads; at least one block, since a launch needs one."""
+def launch_dims(global_size: int, block_threads: int = DEFAULT_TARGET.block_threads) \
+        -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) covering `global_size` threads in 1-D blocks of `block_threads`; at least one block,
+    since a launch needs one."""
     if global_size < 0:
         raise ValueError(f"global size must be >= 0, got {global_size}")
-    blocks = max(1, -(-global_size // THREADS_PER_BLOCK))
+    blocks = max(1, -(-global_size // block_threads))
     if blocks > MAX_GRID_X:
         raise ValueError(f"global size {global_size} needs {blocks} blocks, more than a grid holds")
-    return (blocks, 1, 1), (THREADS_PER_BLOCK, 1, 1)
+    return (blocks, 1, 1), (block_threads, 1, 1)
+
+
+def shfl_clamp(warp: int) -> str:
+    """The shfl.sync `c` operand for one segment spanning the whole warp: the highest lane index in the low
+    bits, segment mask 0 (PTX ISA, shfl.sync)."""
+    return hex(warp - 1)
 
 
 def param_name(prog: LinearProgram, k: int) -> str:
@@ -166,9 +177,11 @@ def _int_imm(v: Any, dt: DType) -> str:
 
 
 class _Emitter:
-    def __init__(self, prog: LinearProgram, arch: str):
+    def __init__(self, prog: LinearProgram, target: Target):
         self.prog = prog
-        self.arch = arch
+        self.target = target
+        self.arch = target.isa
+        self.warp = target.simd_width
         self.body: list[str] = []
         self.consts: list[str] = []  # constant materializations, hoisted to the kernel's prologue
         self.const_regs: dict[tuple[str, str], str] = {}
@@ -187,9 +200,13 @@ class _Emitter:
         self.vector_group_of = {u: group for group in prog.vector_groups for u in group}
         # group reductions (lower.py): the thread's lane in its block, and the predicate "lane == 0" that
         # gates stores (every lane holds the combined result; one of them writes it)
-        if prog.group_size not in (1, WARP_SIZE, THREADS_PER_BLOCK):
+        block = target.block_threads
+        if prog.group_size not in (1, self.warp, block):
             raise ValueError(f"{prog.name}: a thread group of {prog.group_size} threads; the PTX renderer "
-                             f"runs groups of one warp ({WARP_SIZE}) or one block ({THREADS_PER_BLOCK})")
+                             f"runs groups of one warp ({self.warp}) or one block ({block})")
+        if prog.group_size == block and prog.launch.local_size != (block, 1, 1):
+            raise ValueError(f"{prog.name}: a block group of {block} threads needs a local size of "
+                             f"({block}, 1, 1), the launch contract says {prog.launch.local_size}")
         self.lane = ""
         self.store_gate: str | None = None
 
@@ -278,12 +295,12 @@ class _Emitter:
         self.ins("ret")
         decls = [f"\t.reg {_CLASSES[c][0]} {_CLASSES[c][1]}<{n}>;" for c, n in self.counts.items() if n]
         body = self.body[:prologue_end] + self.consts + self.body[prologue_end:]
-        if p.group_size > WARP_SIZE:
+        if p.group_size > self.warp:
             decls.append(f"\t.shared .align {GROUP_SLOT_BYTES} .b8 {self.group_buffer}"
-                         f"[{p.group_size // WARP_SIZE * GROUP_SLOT_BYTES}];")
+                         f"[{p.launch.shared_bytes}];")
         head = [f".version {PTX_VERSION}", f".target {self.arch}", f".address_size {ADDRESS_SIZE}", "",
                 f".visible .entry {p.name}(", ",\n".join(params), ")",
-                f".maxntid {THREADS_PER_BLOCK}, 1, 1", "{"]
+                f".maxntid {self.target.block_threads}, 1, 1", "{"]
         return "\n".join(head + decls + [""] + body + ["}", ""])
 
     @property
@@ -343,14 +360,27 @@ class _Emitter:
         else:
             raise NotImplementedError(f"PTX renderer: unexpected statement {op}")
 
-    def global_index(self, st: UOp) -> None:
-        """gidx = ctaid.x * ntid.x + tid.x; threads past the global size jump to the exit."""
-        block = self.op("b32", "mov.u32 {d}, %ctaid.x")
-        width = self.op("b32", "mov.u32 {d}, %ntid.x")
-        lane = self.op("b32", "mov.u32 {d}, %tid.x")
+    def grid_axis(self, axis: str) -> tuple[str, str, str]:
+        """(thread's index along `axis` over the grid, the grid's extent along it in threads, tid.axis):
+        ctaid * ntid + tid and nctaid * ntid, 64-bit."""
+        block = self.op("b32", f"mov.u32 {{d}}, %ctaid.{axis}")
+        width = self.op("b32", f"mov.u32 {{d}}, %ntid.{axis}")
+        count = self.op("b32", f"mov.u32 {{d}}, %nctaid.{axis}")
+        tid = self.op("b32", f"mov.u32 {{d}}, %tid.{axis}")
         wide = self.op("b64", f"mul.wide.u32 {{d}}, {block}, {width}")
-        lane64 = self.op("b64", f"cvt.u64.u32 {{d}}, {lane}")
-        gidx = self.op("b64", f"add.s64 {{d}}, {wide}, {lane64}")
+        tid64 = self.op("b64", f"cvt.u64.u32 {{d}}, {tid}")
+        index = self.op("b64", f"add.s64 {{d}}, {wide}, {tid64}")
+        extent = self.op("b64", f"mul.wide.u32 {{d}}, {count}, {width}")
+        return index, extent, tid
+
+    def global_index(self, st: UOp) -> None:
+        """gidx = x + X * (y + Y * z) over the launched grid (module docstring); threads past the global size
+        jump to the exit."""
+        x, width, lane = self.grid_axis("x")
+        y, height, _ = self.grid_axis("y")
+        z, _, _ = self.grid_axis("z")
+        plane = self.op("b64", f"mad.lo.s64 {{d}}, {z}, {height}, {y}")
+        gidx = self.op("b64", f"mad.lo.s64 {{d}}, {plane}, {width}, {x}")
         size = self.prog.global_size
         limit = self.value(size) if isinstance(size, UOp) else self.const(int(size), dtypes.int64)
         out = self.op("pred", f"setp.ge.s64 {{d}}, {gidx}, {limit}")
@@ -378,24 +408,24 @@ class _Emitter:
         dt = acc.dt
         reg = self.acc_regs[acc]
         t = op_type(dt)
-        offset = WARP_SIZE // 2
+        offset = self.warp // 2
         while offset >= 1:
             other = self.shuffle_xor(reg, reg_class(dt), offset)
             self.ins(f"mov.{t} {reg}, {self.alu(rop, dt, (acc, acc), [reg, other])}")
             offset //= 2
-        if group == WARP_SIZE:
+        if group == self.warp:
             return
         base = self.op("b64", f"mov.u64 {{d}}, {self.group_buffer}")
-        warp = self.op("b32", f"shr.u32 {{d}}, {self.lane}, {WARP_SIZE.bit_length() - 1}")
+        warp = self.op("b32", f"shr.u32 {{d}}, {self.lane}, {self.warp.bit_length() - 1}")
         warp64 = self.op("b64", f"cvt.u64.u32 {{d}}, {warp}")
         slot_bytes = self.const(GROUP_SLOT_BYTES, dtypes.int64)
         slot = self.op("b64", f"mad.lo.s64 {{d}}, {warp64}, {slot_bytes}, {base}")
-        in_warp = self.op("b32", f"and.b32 {{d}}, {self.lane}, {self.const(WARP_SIZE - 1, dtypes.uint32)}")
+        in_warp = self.op("b32", f"and.b32 {{d}}, {self.lane}, {self.const(self.warp - 1, dtypes.uint32)}")
         first = self.op("pred", f"setp.eq.u32 {{d}}, {in_warp}, {self.const(0, dtypes.uint32)}")
         self.ins(f"@{first} st.shared.{t} [{slot}], {reg}")
         self.ins("bar.sync 0")
         self.ins(f"ld.shared.{t} {reg}, [{base}]")
-        for k in range(1, group // WARP_SIZE):
+        for k in range(1, group // self.warp):
             other = self.reg(reg_class(dt))
             self.ins(f"ld.shared.{t} {other}, [{base}+{k * GROUP_SLOT_BYTES}]")
             self.ins(f"mov.{t} {reg}, {self.alu(rop, dt, (acc, acc), [reg, other])}")
@@ -405,7 +435,7 @@ class _Emitter:
         """The register `value` of lane (this lane ^ lane_mask) of the warp; 64-bit values move as two
         32-bit halves (shfl moves 32 bits)."""
         def shfl(v: str, into: str) -> str:  # .b32 takes any 32-bit register, .f32 ones too
-            return self.op(into, f"shfl.sync.bfly.b32 {{d}}, {v}, {lane_mask}, {SHFL_WHOLE_WARP}, "
+            return self.op(into, f"shfl.sync.bfly.b32 {{d}}, {v}, {lane_mask}, {shfl_clamp(self.warp)}, "
                                  f"{SHFL_ALL_LANES}")
         if cls in ("b32", "f32"):
             return shfl(value, cls)
@@ -921,9 +951,11 @@ class _Emitter:
         return self.op(cls, f"sub.{t} {{d}}, {a}, {prod_}")
 
 
-def render_ptx(prog: LinearProgram, arch: str = DEFAULT_ARCH) -> str:
+def render_ptx(prog: LinearProgram, target: Target = DEFAULT_TARGET) -> str:
     """PTX text for one kernel (see the module docstring for its calling convention)."""
-    return _Emitter(prog, arch).render()
+    if not target.isa.startswith("sm_"):
+        raise ValueError(f"the PTX renderer writes NVIDIA kernels, not {target.name}")
+    return _Emitter(prog, target).render()
 
 
 class PTXRenderer:
@@ -931,13 +963,12 @@ class PTXRenderer:
 
     language = "ptx"
 
-    def __init__(self, arch: str = DEFAULT_ARCH) -> None:
-        if not arch.startswith("sm_"):
-            raise ValueError(f"PTX target must look like 'sm_90', got {arch!r}")
-        self.arch = arch
+    def __init__(self, arch: str | Target = DEFAULT_ARCH) -> None:
+        self.target = arch if isinstance(arch, Target) else nv_target(arch)
+        self.arch = self.target.isa
 
     def lower(self, ast: UOp, name: str) -> LinearProgram:
-        return lower(ast, name, target="gpu")
+        return lower(ast, name, self.target)
 
     def render(self, prog: LinearProgram) -> str:
-        return render_ptx(prog, self.arch)
+        return render_ptx(prog, self.target)

@@ -15,7 +15,8 @@ import numpy as np
 from rawgrad import config, mappings
 from rawgrad.compiler import elf
 from rawgrad.compiler.ir import UOp
-from rawgrad.compiler.renderer.llvm import LLVMRenderer
+from rawgrad.compiler.renderer import renderer_for
+from rawgrad.compiler.target import LaunchSpec, host_cpu_target
 from rawgrad.compiler.toolchain import host_compiler
 from rawgrad.drivers.cpu.hostos import HostOS
 from rawgrad.drivers.cpu.processor import DOORBELL_SYMBOL, THREAD_ENTRY_SYMBOL, processor_ir
@@ -156,11 +157,12 @@ class CPUProgram(Program):
     """A kernel from an ELF relocatable object, loaded by our ELF loader.
 
     ABI: `void name(i64 *args, i64 start, i64 end)`; args holds the buffer addresses then the integer
-    scalars, and the kernel handles indices [start, end) of global_size[0].
+    scalars, and the kernel handles indices [start, end) of the launch's linear grid (x fastest: the product
+    of the 3-D global size).
     """
 
-    def __init__(self, device: CPUDevice, name: str, lib: bytes) -> None:
-        super().__init__(device, name, lib)
+    def __init__(self, device: CPUDevice, name: str, lib: bytes, launch: LaunchSpec | None = None) -> None:
+        super().__init__(device, name, lib, launch)
         self.image = elf.load(lib)
         self.fn_addr: int = self.image.symbol(name)
 
@@ -190,17 +192,17 @@ class CPUQueue(HWQueue):
         self._record(Op.TIMESTAMP, signal.timestamp_address)
 
     def _exec(self, program: Program, args: list[Value], global_size: tuple[Value, ...],
-              local_size: tuple[Value, ...]) -> None:
+              local_size: tuple[int, ...]) -> None:
+        # The record carries the 3-D global size; the processor runs the product as one linear range split
+        # across the workers, which is the x-fastest numbering every kernel indexes by. A CPU has no blocks:
+        # the local size (checked by HWQueue.exec) does not change which indices run.
         fn = getattr(program, "fn_addr", None)
         if fn is None:
             raise TypeError(f"{program!r} is not a CPU program")
-        if any(not (isinstance(g, int) and g == 1) for g in global_size[1:]):
-            raise ValueError(f"CPU launches are 1-D: global_size must be (n, 1, 1), got {global_size}")
-        if isinstance(global_size[0], int) and global_size[0] < 0:
-            raise ValueError(f"negative launch size {global_size[0]}")
         narg_records = -(-len(args) // RECORD_WORDS)
         padded = list(args) + [0] * (narg_records * RECORD_WORDS - len(args))
-        self._record(Op.EXEC, fn, global_size[0], len(args), narg_records, extra=padded)
+        gx, gy, gz = global_size
+        self._record(Op.EXEC, fn, gx, len(args), narg_records, gy, gz, extra=padded)
 
     def _copy(self, dst: Value, src: Value, nbytes: Value) -> None:
         self._record(Op.COPY, dst, src, nbytes)
@@ -265,7 +267,7 @@ class CPUDevice(HCQDevice):
         if ring_records < 2 or ring_records & (ring_records - 1):
             raise ValueError(f"ring_records must be a power of two >= 2, got {ring_records}")
         self.os = hostos if hostos is not None else HostOS()
-        super().__init__(name, CPUAllocator(self), host_compiler(), LLVMRenderer())
+        super().__init__(name, CPUAllocator(self), host_compiler(), renderer_for(host_cpu_target()))
         self.threads = _thread_count(threads)
         self.ring_records = ring_records
         self.ring_timeout_s = DEFAULT_TIMEOUT_S
@@ -282,8 +284,8 @@ class CPUDevice(HCQDevice):
     def queue(self) -> CPUQueue:
         return CPUQueue()
 
-    def program(self, name: str, lib: bytes) -> CPUProgram:
-        return CPUProgram(self, name, lib)
+    def program(self, name: str, lib: bytes, launch: LaunchSpec | None = None) -> CPUProgram:
+        return CPUProgram(self, name, lib, launch)
 
     def check_fault(self) -> None:
         if not self._finalizer.alive:

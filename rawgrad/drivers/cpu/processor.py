@@ -364,8 +364,15 @@ entry:
 nop:
   ret i64 1
 exec:
+  ; a 3-D global size (x in word 2, y and z in words 5 and 6) runs as one linear range, x fastest
+  %p5 = getelementptr inbounds i64, ptr %rec, i64 5
+  %gy = load i64, ptr %p5, align 8
+  %p6 = getelementptr inbounds i64, ptr %rec, i64 6
+  %gz = load i64, ptr %p6, align 8
+  %gxy = mul i64 %a2, %gy
+  %gxyz = mul i64 %gxy, %gz
   %args = getelementptr inbounds i8, ptr %rec, i64 $RECORD_BYTES
-  call void @run_parallel(ptr %ctx, ptr %x1, ptr %args, i64 %a2)
+  call void @run_parallel(ptr %ctx, ptr %x1, ptr %args, i64 %gxyz)
   %cnt = add i64 %a4, 1
   ret i64 %cnt
 wait:

@@ -8,8 +8,9 @@ Every command is one or more 64-byte records of eight little-endian uint64 words
 | opcode | operands | meaning |
 |---|---|---|
 | NOP | - | nothing (also pads the ring so a multi-record command never wraps) |
-| EXEC | fn, n, nargs, narg_records | run `fn(args, start, end)` over [0, n) split across the workers; the |
-| | | argument words follow in the next `narg_records` records, `args` points at them |
+| EXEC | fn, x, nargs, narg_records, y, z | run `fn(args, start, end)` over [0, x*y*z) (the 3-D global size |
+| | | as one linear range, x fastest) split across the workers; the argument words follow in |
+| | | the next `narg_records` records, `args` points at them |
 | WAIT | signal address, value | stall until `*signal >= value` (unsigned) |
 | SIGNAL | signal address, value | store-release `value` after all prior work |
 | TIMESTAMP | slot address | store CLOCK_MONOTONIC in ns |

@@ -21,6 +21,7 @@ vocabulary on top of it:
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,8 @@ import numpy as np
 
 from rawgrad import config
 from rawgrad.compiler.ir import Ops, UOp, Variable
+from rawgrad.compiler.renderer import renderer_for
+from rawgrad.compiler.target import LaunchSpec, nv_target
 from rawgrad.drivers.nv import pushbuf as pbuf
 from rawgrad.drivers.nv.cubin import NVCompiler, ProgramInfo, program_info, relocate
 from rawgrad.drivers.nv.device import GPU_VA_LIMIT, NVDevice
@@ -41,7 +44,7 @@ from rawgrad.hcq.allocator import Allocator, HCQBuffer
 from rawgrad.hcq.device import HCQDevice
 from rawgrad.hcq.errors import DeviceFault, DeviceTimeout
 from rawgrad.hcq.memory import ffi
-from rawgrad.hcq.program import Program
+from rawgrad.hcq.program import KernelLaunch, Program
 from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 
@@ -78,10 +81,15 @@ CBANK_DYNAMIC_SHARED = 0x2C
 INITIAL_STACK_POINTER = 0xFFFDC0
 CBANK_ALIGN = 64  # V04 binds bank VA >> 6; V03 is happy with it too
 
-# Launch shape: one thread per global index; this many threads per block unless the renderer says.
-DEFAULT_THREADS_PER_BLOCK = 128
-MAX_THREADS_PER_BLOCK = 1024  # NV-FACTS 5.6 launch limits
+# Launch limits (NV-FACTS 5.6): threads per block, block and grid extents per dimension, and what a kernel's
+# registers allow: 65536 registers per SM, allocated per warp in units of 256, warps in groups of 4.
+MAX_THREADS_PER_BLOCK = 1024
+MAX_BLOCK = (1024, 1024, 64)
 MAX_GRID = (2**31 - 1, 65535, 65535)
+SM_REGISTERS = 65536
+REGISTER_ALLOC_UNIT = 256
+WARP_ALLOC_GRANULE = 4
+WARP_THREADS = 32
 
 # Shader local memory (NV-FACTS 5.6): per-thread bytes with no stack, and the SLM buffer rounding.
 SLM_PER_THREAD = 0x240
@@ -121,14 +129,16 @@ class _ScaledDefaultSignal(Signal):
 
 # Same-device copies on the compute channel (which has no copy-engine object): a kernel where thread i
 # moves bytes [16 i, 16 i + 16), as one 16-byte load/store when dst, src and the size are 16-byte aligned,
-# else byte by byte. Ranges must not overlap (graph copies are between distinct live buffers).
+# else byte by byte. Ranges must not overlap (graph copies are between distinct live buffers). It indexes
+# by x only: its launches are 1-D, in blocks of COPY_BLOCK_THREADS (its .maxntid and launch contract).
 COPY_KERNEL = "rawgrad_copy"
 COPY_BYTES_PER_THREAD = 16
+COPY_BLOCK_THREADS = 128
 COPY_KERNEL_PTX = """.version 7.8
 .target {arch}
 .address_size 64
 .visible .entry rawgrad_copy(.param .u64 dst, .param .u64 src, .param .u64 nbytes)
-.maxntid 128, 1, 1
+.maxntid {block}, 1, 1
 {{
   .reg .pred %p<3>;
   .reg .b32 %r<7>;
@@ -381,6 +391,10 @@ class _NVQueue(HWQueue):
         self._retire[0] = ch.commit(self._start, self.words().astype(np.uint32).tobytes(), self._fetch_dwords)
 
 
+# The copy kernel's byte count, in its launch contract (its global size is an expression of it).
+COPY_NBYTES = Variable("nv.copy_nbytes", 0, GPU_VA_LIMIT - 1)
+
+
 def copy_threads(nbytes: Value) -> Value:
     """Threads of a copy-kernel launch: one per 16 bytes."""
     return (nbytes + (COPY_BYTES_PER_THREAD - 1)) // COPY_BYTES_PER_THREAD
@@ -437,16 +451,20 @@ class NVComputeQueue(_NVQueue):
     def _copy(self, dst: Value, src: Value, nbytes: Value) -> None:
         # The compute channel has no copy-engine object: a copy kernel (non-overlapping ranges). Bulk and
         # host copies use the copy queue (`copy_queue()`), which runs the copy engine.
-        self._exec(self.device.copy_program(), [dst, src, nbytes], (copy_threads(nbytes), 1, 1), (1, 1, 1))
+        k = self.device.copy_kernel(dst, src, nbytes)
+        self._exec(k.program, list(k.args), k.global_size, k.local_size)
 
     def _exec(self, program: Program, args: list[Value], global_size: tuple[Value, ...],
-              local_size: tuple[Value, ...]) -> None:
+              local_size: tuple[int, ...]) -> None:
         dev = self.device
         info = program_info(bytes(program.lib), program.name, dev.arch)
         entry = getattr(program, "fn_addr", None)
         if entry is None:
             raise TypeError(f"{program!r} is not an NV program")
         grid, block = dev.launch_dims(global_size, local_size)
+        if info.registers and math.prod(block) > max_threads_for_registers(info.registers):
+            raise ValueError(f"{program.name}: a block of {block} threads needs more than the "
+                             f"{SM_REGISTERS} registers of an SM at {info.registers} registers per thread")
         bank = self._bank(info, args, grid, block)
         qmd = dev.qmd_class()
         qmd.launch(shared_bytes=info.shared_bytes, registers=info.registers, sass_version=dev.sass_version,
@@ -574,11 +592,18 @@ class NVCopyQueue(_NVQueue):
 
 
 class NVProgram(Program):
-    """A kernel image uploaded to VRAM by the copy engine; `fn_addr` is the entry point's GPU VA."""
+    """A kernel image uploaded to VRAM by the copy engine; `fn_addr` is the entry point's GPU VA. Its launch
+    contract, when given, is completed with the registers and shared memory the image declares."""
 
-    def __init__(self, device: NVHCQDevice, name: str, lib: bytes) -> None:
-        super().__init__(device, name, lib)
+    def __init__(self, device: NVHCQDevice, name: str, lib: bytes, launch: LaunchSpec | None = None) -> None:
         self.info = program_info(bytes(lib), name, device.arch)
+        if launch is not None:
+            if len(self.info.params) != launch.args:
+                raise ValueError(f"{name}: the image takes {len(self.info.params)} parameters, its launch "
+                                 f"contract {launch.args}")
+            launch = launch.with_resources(shared_bytes=max(launch.shared_bytes, self.info.shared_bytes),
+                                           registers=self.info.registers or None)
+        super().__init__(device, name, lib, launch)
         if not self.info.has_sass and not device.is_mock:
             raise RuntimeError(f"{name}: the image has no SASS (built without ptxas or nvJitLink, e.g. on "
                                f"the mock); only the mock GPU runs PTX-only images")
@@ -680,7 +705,7 @@ class NVHCQDevice(HCQDevice):
             self.qmd_class = qmd_for_class(self.nv.compute_class)
             self._staging: NVBuffer | None = None
             self._setup_local_memory()
-            renderer = _make_renderer(self.arch)
+            renderer = renderer_for(nv_target(self.arch))
             # A real GPU runs SASS only: without ptxas / nvJitLink this fails here, naming what to install.
             compiler = NVCompiler(self.arch, require_sass=not self.is_mock)
             super().__init__(name, NVAllocator(self), compiler, renderer)
@@ -709,20 +734,27 @@ class NVHCQDevice(HCQDevice):
     def copy_queue(self) -> NVCopyQueue:
         return NVCopyQueue(self)
 
-    def program(self, name: str, lib: bytes) -> NVProgram:
-        return NVProgram(self, name, lib)
+    def program(self, name: str, lib: bytes, launch: LaunchSpec | None = None) -> NVProgram:
+        return NVProgram(self, name, lib, launch)
 
     def copy_program(self) -> NVProgram:
         """The same-device copy kernel (COPY_KERNEL_PTX), built on first use."""
         if self._copy_program is None:
-            lib = self.compiler.compile(COPY_KERNEL_PTX.format(arch=self.arch))
-            self._copy_program = NVProgram(self, COPY_KERNEL, lib)
+            lib = self.compiler.compile(COPY_KERNEL_PTX.format(arch=self.arch, block=COPY_BLOCK_THREADS))
+            contract = LaunchSpec((copy_threads(COPY_NBYTES), 1, 1), (COPY_BLOCK_THREADS, 1, 1), buffers=2,
+                                  scalars=(COPY_NBYTES,))
+            self._copy_program = NVProgram(self, COPY_KERNEL, lib, contract)
         return self._copy_program
 
-    def copy_as_kernel(self, dst: Value, src: Value, nbytes: Value) -> tuple[Program, list[Value], Value]:
-        """A graph's same-device copy as a kernel launch (program, args, threads), so a captured graph
-        relocates and saves it like any other kernel."""
-        return self.copy_program(), [dst, src, nbytes], copy_threads(nbytes)
+    def copy_kernel(self, dst: Value, src: Value, nbytes: Value) -> KernelLaunch:
+        """A same-device copy on the compute channel, as a launch of the copy kernel."""
+        return KernelLaunch(self.copy_program(), (dst, src, nbytes), (copy_threads(nbytes), 1, 1),
+                            (COPY_BLOCK_THREADS, 1, 1))
+
+    def graph_copy(self, dst: Value, src: Value, nbytes: Value) -> KernelLaunch:
+        """A graph's same-device copy as a kernel launch, so a captured graph relocates and saves it like any
+        other kernel."""
+        return self.copy_kernel(dst, src, nbytes)
 
     def check_fault(self) -> None:
         if self.closed:
@@ -783,18 +815,16 @@ class NVHCQDevice(HCQDevice):
         return freed
 
     def launch_dims(self, global_size: Sequence[Value],
-                    local_size: Sequence[Value]) -> tuple[tuple[Value, ...], tuple[int, ...]]:
-        """(grid, block) for one thread per global index: `global_size` counts threads per dimension."""
+                    local_size: Sequence[int]) -> tuple[tuple[Value, ...], tuple[int, ...]]:
+        """(grid, block) for a launch of `global_size` threads per dimension in blocks of `local_size` (the
+        program's launch contract, taken as it is): the grid rounds each dimension up to whole blocks."""
         if any(not isinstance(v, int) for v in local_size):
             raise ValueError(f"block size must be concrete, got {local_size}")
         block = [int(v) for v in local_size]
-        if block == [1, 1, 1]:
-            tpb = _threads_per_block()
-            gx = global_size[0]
-            block[0] = min(tpb, max(gx, 1)) if isinstance(gx, int) else tpb
-        if any(b < 1 for b in block) or block[0] * block[1] * block[2] > MAX_THREADS_PER_BLOCK:
-            raise ValueError(f"block {tuple(block)} is empty or has more than {MAX_THREADS_PER_BLOCK} "
-                             f"threads")
+        if any(b < 1 or b > most for b, most in zip(block, MAX_BLOCK)) or \
+                block[0] * block[1] * block[2] > MAX_THREADS_PER_BLOCK:
+            raise ValueError(f"block {tuple(block)} is empty, beyond {MAX_BLOCK} or has more than "
+                             f"{MAX_THREADS_PER_BLOCK} threads")
         grid: list[Value] = []
         for g, b, limit in zip(global_size, block, MAX_GRID):
             if isinstance(g, int):
@@ -891,22 +921,11 @@ class NVHCQDevice(HCQDevice):
                 self.owned_mock.shutdown()
 
 
-def _threads_per_block() -> int:
-    """The block size the PTX renderer's kernels are written for (its `.maxntid`)."""
-    try:
-        from rawgrad.compiler.renderer import ptx
-    except ImportError:
-        return DEFAULT_THREADS_PER_BLOCK
-    return int(getattr(ptx, "THREADS_PER_BLOCK", DEFAULT_THREADS_PER_BLOCK))
-
-
-def _make_renderer(arch: str) -> Any:
-    """The PTX renderer for `arch`, or None while it is not available (then kernels cannot be built)."""
-    try:
-        from rawgrad.compiler.renderer.ptx import PTXRenderer
-    except ImportError:
-        return None
-    return PTXRenderer(arch=arch)
+def max_threads_for_registers(registers: int) -> int:
+    """The most threads one block may have when each uses `registers` registers (NV-FACTS 5.6)."""
+    per_warp = round_up(registers * WARP_THREADS, REGISTER_ALLOC_UNIT)
+    warps = SM_REGISTERS // per_warp // WARP_ALLOC_GRANULE * WARP_ALLOC_GRANULE
+    return warps * WARP_THREADS
 
 
 MOCK_PROFILES = ("h100", "ampere")
