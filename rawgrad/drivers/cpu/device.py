@@ -27,6 +27,7 @@ from rawgrad.hcq.errors import DeviceFault
 from rawgrad.hcq.memory import WORD_BYTES, ffi, u64_array, u64_pointer
 from rawgrad.hcq.program import Program
 from rawgrad.hcq.queue import HWQueue, Value
+from rawgrad.hcq.ring import CounterRetire, Ring, RingUnit
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
 
 __all__ = ["CPUAllocator", "CPUDevice", "CPUProgram", "CPUQueue"]
@@ -39,6 +40,8 @@ DEFAULT_RING_RECORDS = 1024
 # forced stop (a thread stuck inside a kernel that never returns is abandoned after this, with a warning).
 DRAIN_TIMEOUT_S = 2.0
 FORCE_STOP_TIMEOUT_S = 5.0
+# The command ring counts 64-byte records (records.py); the processor's read index counts them too.
+RECORDS = RingUnit("record", RECORD_BYTES)
 
 
 class _Processor:
@@ -67,11 +70,14 @@ class _NativeState:
         self.ctx_addr = hostos.mmap(CTX_BYTES)
         self.ring_addr = 0
         self.threads: list[int] = []
-        self.write_index = 0
         try:
             self.ring_addr = hostos.mmap(ring_records * RECORD_BYTES)
             self.ctx = u64_pointer(self.ctx_addr)
             self.ring = u64_array(self.ring_addr, ring_records * RECORD_WORDS).reshape(-1, RECORD_WORDS)
+            # the processor's front end publishes how many records it has retired (monotonic)
+            read_index = CounterRetire(self.ctx, "command ring read index", CTX.READ_INDEX)
+            self.cmd_ring = Ring("command ring", ring_records, RECORDS, read_index, device=name,
+                                 pad=self._pad, flush=self.ring_doorbell, check=self.check_fault)
             self.ctx[CTX.RING] = self.ring_addr
             self.ctx[CTX.RING_MASK] = ring_records - 1
             self.ctx[CTX.THREADS] = threads
@@ -85,8 +91,21 @@ class _NativeState:
             self.shutdown()
             raise
 
+    @property
+    def write_index(self) -> int:
+        return self.cmd_ring.write
+
     def ring_doorbell(self) -> None:
-        self.doorbell(self.ctx_addr, self.write_index)
+        self.doorbell(self.ctx_addr, self.cmd_ring.write)
+
+    def _pad(self, slot: int, n: int) -> None:
+        self.ring[slot:slot + n] = 0  # NOP records (opcode 0): a command never wraps the ring's end
+
+    def check_fault(self) -> None:
+        """DeviceFault once the front end met a record it does not understand (it stops there)."""
+        bad = int(self.ctx[CTX.FAULT])
+        if bad:
+            raise DeviceFault(f"{self.name}: the command processor met a record with unknown opcode {bad}")
 
     def _join(self, threads: list[int], timeout_s: float) -> list[int]:
         """Join `threads` within one shared deadline; returns those still running."""
@@ -95,12 +114,12 @@ class _NativeState:
 
     def shutdown(self, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         if self.threads:
-            free = self.ring_records - (self.write_index - int(self.ctx[CTX.READ_INDEX]))
-            if free >= 1:
-                slot = self.write_index & (self.ring_records - 1)
+            ring = self.cmd_ring
+            if ring.room() >= 1:
+                slot = ring.slot()
                 self.ring[slot] = 0
                 self.ring[slot, 0] = Op.QUIT
-                self.write_index += 1
+                ring.commit(1)
             else:
                 self.ctx[CTX.STOP] = 1
             self.ring_doorbell()
@@ -270,7 +289,6 @@ class CPUDevice(HCQDevice):
         super().__init__(name, CPUAllocator(self), host_compiler(), renderer_for(host_cpu_target()))
         self.threads = _thread_count(threads)
         self.ring_records = ring_records
-        self.ring_timeout_s = DEFAULT_TIMEOUT_S
         self._native = _NativeState(self.os, ring_records, self.threads, name)
         self._finalizer = weakref.finalize(self, self._native.shutdown)
         self._read_signal = Signal(None, address=self._native.ctx_addr + CTX.READ_INDEX * WORD_BYTES,
@@ -290,9 +308,7 @@ class CPUDevice(HCQDevice):
     def check_fault(self) -> None:
         if not self._finalizer.alive:
             raise DeviceFault(f"{self.name} is closed")
-        bad = int(self._native.ctx[CTX.FAULT])
-        if bad:
-            raise DeviceFault(f"{self.name}: the command processor met a record with unknown opcode {bad}")
+        self._native.check_fault()
 
     def close(self, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         """Stop the workers (a QUIT record; queued work gets `drain_timeout_s` to finish before it is
@@ -308,6 +324,16 @@ class CPUDevice(HCQDevice):
 
     # ------------------------------------------------------------------ ring
     @property
+    def ring_timeout_s(self) -> float:
+        """How long a submit waits for ring space (and `wait_retired` for the processor) before
+        DeviceTimeout."""
+        return self._native.cmd_ring.timeout_s
+
+    @ring_timeout_s.setter
+    def ring_timeout_s(self, seconds: float) -> None:
+        self._native.cmd_ring.timeout_s = seconds
+
+    @property
     def read_index(self) -> int:
         """Records the command processor has retired."""
         return int(self._native.ctx[CTX.READ_INDEX])
@@ -315,12 +341,11 @@ class CPUDevice(HCQDevice):
     @property
     def write_index(self) -> int:
         """Records the host has published."""
-        return self._native.write_index
+        return self._native.cmd_ring.write
 
     def wait_retired(self, position: int, queue: str = "ring", timeout_s: float | None = None) -> None:
         """Wait until the processor has retired every record before ring position `position`."""
-        self._read_signal.wait(position, self.ring_timeout_s if timeout_s is None else timeout_s,
-                               queue=queue, check=self.check_fault)
+        self._native.cmd_ring.wait_retired(position, queue, timeout_s)
 
     def push(self, records: np.ndarray, cmd_ends: list[int], owner: object) -> int:
         """Copy whole commands into the ring (never over unretired records, never wrapping a command),
@@ -328,36 +353,31 @@ class CPUDevice(HCQDevice):
         The caller holds `submit_lock` (CPUQueue.submit takes it): the ring and its indices are shared."""
         self.check_fault()
         st = self._native
-        cap, mask = self.ring_records, self.ring_records - 1
+        ring = st.cmd_ring
         self._retire()
         i, ci, total = 0, 0, len(records)
-        name = getattr(owner, "name", "queue")
+        if total > ring.room():
+            # All or nothing: wait until the whole queue has room before writing any of it, so a timeout
+            # leaves none of it in the ring (a queue longer than the ring must stream: its own first
+            # commands have to run to make room for the rest).
+            sizes = [end - start for start, end in zip([0, *cmd_ends[:-1]], cmd_ends, strict=True)]
+            span = ring.span(sizes)
+            if span <= ring.capacity:
+                ring.wait_free(span, getattr(owner, "name", "queue"))
         while i < total:
-            w = st.write_index
-            slot = w & mask
-            free = cap - (w - int(st.ctx[CTX.READ_INDEX]))
-            room = min(cap - slot, free)
-            j = bisect.bisect_right(cmd_ends, i + room, lo=ci) - 1
-            if j >= ci:
-                n = cmd_ends[j] - i
-                st.ring[slot:slot + n] = records[i:i + n]
-                st.write_index = w + n
-                i, ci = i + n, j + 1
-                continue
-            need = cmd_ends[ci] - i
-            if need > cap:
-                raise ValueError(f"{name}: a command of {need} records does not fit a ring of {cap}")
-            if cap - slot < need:
-                if free >= cap - slot:  # pad to the ring's end so the command stays contiguous
-                    st.ring[slot:] = 0
-                    st.write_index = w + cap - slot
-                    continue
-                need = cap - slot
-            st.ring_doorbell()  # what is already written must run, or the space never frees up
-            self.wait_retired(w + need - cap, queue=name)
+            # as many whole commands as fit contiguously now, in one copy
+            j = bisect.bisect_right(cmd_ends, i + ring.room(), lo=ci) - 1
+            if j < ci:  # not even the next one: pad to the end and/or wait for the processor
+                ring.reserve(cmd_ends[ci] - i, queue=getattr(owner, "name", "queue"))
+                j = ci
+            n = cmd_ends[j] - i
+            slot = ring.slot()
+            st.ring[slot:slot + n] = records[i:i + n]
+            ring.commit(n)
+            i, ci = i + n, j + 1
         st.ring_doorbell()
-        self._inflight.append((st.write_index, owner))
-        return st.write_index
+        self._inflight.append((ring.write, owner))
+        return ring.write
 
     def _retire(self) -> None:
         done = self.read_index

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import cffi
 
 from rawgrad.drivers.nv import pushbuf as pbuf
 from rawgrad.drivers.osapi import OSInterface
 from rawgrad.hcq.errors import DeviceTimeout
+from rawgrad.hcq.ring import BYTES, FenceRetire, Ring, RingUnit, WrappedIndexRetire
 from rawgrad.hcq.signal import wait_until
 
 _ffi = cffi.FFI()
@@ -18,6 +17,8 @@ _ffi = cffi.FFI()
 # NvNotification (the channel error notifier): info32 at +8, status (u16) at +14.
 NOTIFIER_INFO32_OFFSET = 8
 NOTIFIER_STATUS_OFFSET = 14
+# A GPFIFO ring counts 8-byte entries (NV-FACTS 4.3: GP entry, two dwords).
+GP_ENTRIES = RingUnit("GPFIFO entry", 8)
 
 
 class NVChannelError(RuntimeError):
@@ -46,13 +47,6 @@ def _as_pb(words: list[int]) -> pbuf.PushBuffer:
     return pb
 
 
-@dataclass
-class _InFlight:
-    retire_value: int
-    start: int
-    end: int
-
-
 class Channel:
     """One GPFIFO channel as the CPU sees it (rings are CPU-mapped at their GPU VA)."""
 
@@ -78,9 +72,9 @@ class Channel:
             raise ValueError(f"GPFIFO entries {entries} must be a power of two >= 2")
         self.name, self.device_name, self.os, self.host, self.token = name, device_name, os_iface, host, token
         self.gpfifo_addr, self.entries, self.userd_addr = gpfifo_addr, entries, userd_addr
-        self._entry_mask = entries - 1  # ring indices wrap with a mask (entries is a power of two)
+        self._entry_mask = entries - 1  # GPGet/GPPut wrap with a mask (entries is a power of two)
         self.pb_addr, self.pb_bytes, self.doorbell_addr = pb_addr, pb_bytes, doorbell_addr
-        self.retire_addr, self.notifier_addr, self.timeout_s = retire_addr, notifier_addr, timeout_s
+        self.retire_addr, self.notifier_addr = retire_addr, notifier_addr
         # Typed pointers made once: the replay path reads these words on every submit.
         self._gp_get = _ffi.cast("volatile uint32_t *", userd_addr + pbuf.USERD_GP_GET)
         self._retired = _ffi.cast("volatile uint64_t *", retire_addr)
@@ -89,9 +83,19 @@ class Channel:
         self.put = read_u32(userd_addr + pbuf.USERD_GP_PUT)
         self._publish_entry = os_iface.gpfifo_publisher(gpfifo_addr, entries, userd_addr + pbuf.USERD_GP_PUT,
                                                         doorbell_addr, token)
-        self.pb_head = 0
+        # GPGet is the front end's index modulo `entries`: one entry stays empty (full != empty)
+        self.gp_ring = Ring(f"{name} GPFIFO ring", entries - 1, GP_ENTRIES,
+                            WrappedIndexRetire(self._gp_get, entries, "GPGet"), device=device_name,
+                            write=self.put, check=self.check_error, detail=self._progress,
+                            timeout_s=timeout_s)
         self.retire_value = read_u64(retire_addr)
-        self.inflight: deque[_InFlight] = deque()
+        # pushbuffer bytes are free once the retirement release that follows them has landed; the GPU
+        # never reads bytes skipped at the end (a GP entry names where its commands start), so no padding
+        self._pb_fences = FenceRetire(self._retired, f"{name} retirement counter")
+        self.pb_ring = Ring(f"{name} pushbuffer space", pb_bytes, BYTES, self._pb_fences, device=device_name,
+                            check=self.check_error, detail=self._progress, timeout_s=timeout_s)
+        self.pb_head = 0  # ring offset just past the last commit
+        self._label = self._who(None)  # the bound replay's name for itself in a timeout
         self.submissions = 0
 
     # -- progress --------------------------------------------------------------------------------
@@ -116,12 +120,21 @@ class Channel:
     def _timed_out(self, queue: str | None, what: str, expected: int, current: Callable[[], int],
                    timeout_s: float) -> Callable[[], DeviceTimeout]:
         """The DeviceTimeout of a wait on this channel for ``what`` >= ``expected``, naming the queue."""
-        who = f"{queue} on the {self.name} channel" if queue else f"{self.name} channel"
-        return lambda: DeviceTimeout(
-            self.device_name, who, what, expected, current(), timeout_s,
-            f"GPGet={self.gp_get()} GPPut={self.put} retired={self.retired()} "
-            f"(last submitted {self.retire_value})",
-        )
+        return lambda: DeviceTimeout(self.device_name, self._who(queue), what, expected, current(), timeout_s,
+                                     self._progress())
+
+    def _progress(self) -> str:
+        return (f"GPGet={self.gp_get()} GPPut={self.put} retired={self.retired()} "
+                f"(last submitted {self.retire_value})")
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a submit waits for ring space and `wait_retired` for the counter."""
+        return self.pb_ring.timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, seconds: float) -> None:
+        self.gp_ring.timeout_s = self.pb_ring.timeout_s = seconds
 
     def wait_retired(self, value: int, timeout_s: float | None = None, queue: str | None = None) -> None:
         """Wait until the channel's retirement counter reaches ``value`` (DeviceTimeout naming ``queue``
@@ -134,41 +147,8 @@ class Channel:
                    self.check_error)
 
     # -- submission ------------------------------------------------------------------------------
-    def _reserve_pb(self, nbytes: int, align: int = 4, queue: str | None = None) -> int:
-        if nbytes > self.pb_bytes:
-            raise ValueError(
-                f"{self.name}: submission of {nbytes} bytes exceeds the {self.pb_bytes}-byte pushbuffer"
-            )
-        head = (self.pb_head + align - 1) // align * align
-        start = head if head + nbytes <= self.pb_bytes else 0
-
-        def overlapping() -> list[_InFlight]:
-            done = self.retired()
-            while self.inflight and self.inflight[0].retire_value <= done:
-                self.inflight.popleft()
-            return [f for f in self.inflight if f.start < start + nbytes and start < f.end]
-
-        if overlapping():
-            # the space is free once the last submission overlapping it has retired
-            want = max(f.retire_value for f in overlapping())
-            what = f"{self.name} retirement counter (pushbuffer space: {nbytes} bytes at +{start:#x})"
-            wait_until(lambda: not overlapping(), self.timeout_s,
-                       self._timed_out(queue, what, want, self.retired, self.timeout_s), self.check_error)
-        return start
-
-    def _gp_slots_free(self, count: int) -> bool:
-        return (self._gp_get[0] - self.put - 1) & self._entry_mask >= count
-
-    def _wait_gp_slots(self, count: int = 1, queue: str | None = None) -> None:
-        if self._gp_slots_free(count):  # the usual case, checked before building the poll's closures
-            return
-        wait_until(
-            lambda: self._gp_slots_free(count),
-            self.timeout_s,
-            self._timed_out(queue, f"free GPFIFO entry count after GPPut {self.put}", count,
-                            lambda: (self._gp_get[0] - self.put - 1) & self._entry_mask, self.timeout_s),
-            self.check_error,
-        )
+    def _who(self, queue: str | None) -> str:
+        return f"{queue} on the {self.name} channel" if queue else f"{self.name} channel"
 
     def _retire_words(self, value: int, wfi: bool) -> list[int]:
         return pbuf.sem_release(pbuf.PushBuffer(), self.host, self.retire_addr, value, timestamp=False,
@@ -192,8 +172,12 @@ class Channel:
         any state changes, so a timeout leaves the channel consistent.
         """
         self.check_error()
-        self._wait_gp_slots(1, queue)
-        return self._reserve_pb(nbytes, align, queue)
+        who = self._who(queue)
+        if nbytes > self.pb_bytes:
+            raise ValueError(f"{who}: submission of {nbytes} bytes exceeds the {self.pb_bytes}-byte "
+                             f"pushbuffer")
+        self.gp_ring.reserve(1, queue=who)
+        return self.pb_ring.reserve(nbytes, align, who)
 
     def commit(self, start: int, blob: bytes, fetch_dwords: int) -> int:
         """Write ``blob`` at ring offset ``start`` (from ``reserve``) and run its first ``fetch_dwords``
@@ -204,9 +188,12 @@ class Channel:
         """
         if not 0 < 4 * fetch_dwords <= len(blob):
             raise ValueError(f"{self.name}: fetch {fetch_dwords} dwords of a {len(blob)}-byte submission")
+        if start != self.pb_ring.slot():
+            raise ValueError(f"{self.name}: commit at {start:#x}, but the pushbuffer reservation is at "
+                             f"{self.pb_ring.slot():#x}")
         value = self.retire_value + 1
         write_bytes(self.pb_addr + start, blob)
-        self.inflight.append(_InFlight(value, start, start + len(blob)))
+        self._pb_fences.record(value, self.pb_ring.commit(len(blob)))
         self.pb_head = start + len(blob)
         self.retire_value = value
         self._publish(pbuf.GPEntry(self.pb_addr + start, fetch_dwords).encode())
@@ -219,17 +206,17 @@ class Channel:
         if value != self.retire_value + 1:
             raise ValueError(f"{self.name}: a bound block must retire with {self.retire_value + 1}, "
                              f"not {value}")
-        if (self._gp_get[0] - self.put - 1) & self._entry_mask == 0:  # inline _gp_slots_free(1): hot path
-            self._wait_gp_slots(1)
+        self.gp_ring.reserve(1, 1, self._label)
         self.retire_value = value
         self._publish(entry)
         return value
 
     def _publish(self, entry: int) -> None:
         # ring entry (and the pushbuffer it points at) visible before GPPut, GPPut before the doorbell
-        # (NV-FACTS 4.5): one call through the OS seam, native code in production
+        # (NV-FACTS 4.5): one call through the OS seam, native code in production. The GP slot was
+        # reserved (reserve/submit_bound), so the entry overwrites one the front end has fetched.
         self._publish_entry(self.put, entry)
-        self.put = (self.put + 1) & self._entry_mask
+        self.put = self.gp_ring.commit(1) & self._entry_mask
         self.submissions += 1
 
     def wait_idle(self, timeout_s: float | None = None) -> None:
