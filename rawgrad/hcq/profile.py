@@ -1,14 +1,18 @@
 """PROFILE=1: device timestamps around every kernel, exported as a Chrome trace (and a PNG timeline).
 
 Times come from the device, never from the host: each profiled kernel is bracketed in its own queue by two
-`timestamp` commands, each writing the device clock (ns; CLOCK_MONOTONIC on the CPU device) into the
-timestamp slot of a Signal. The host reads those slots only once the device's timeline has passed the work,
-so profiling never makes an eager launch synchronous.
+`timestamp` commands, each writing the device clock (ticks: ns on the CPU and NV, 10 ns on AMD, seconds on
+Metal; converted with the device's `DeviceClock.ticks_to_ns`) into the timestamp slot of a Signal. The host
+reads those slots only once the device's timeline has passed the work, so profiling never makes an eager
+launch synchronous.
 
 - Eager launches (`launch`) take a start/end signal pair from a small per-device pool; a pair goes back to
   the pool once read, so launches still in flight never share a pair.
 - Graph replays (hcq/graph.py) own one pair per kernel, encoded into the bound queue when the graph is
   built with PROFILE=1; a replay's pairs are read before the next replay of that graph overwrites them.
+  A device whose clock says `kernel_timestamps_in_replay=False` (Metal: an indirect command buffer cannot
+  timestamp each kernel) writes only the replay's first and last timestamps (its command buffer's start and
+  end), and each replay is reported as one row naming its kernels.
 
 Pending work is read lazily: on later profiled launches (without waiting), and at `events()` / export
 (waiting). With PROFILE=1 the trace is written at exit to PROFILE_OUT (default ./rawgrad_profile.json).
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from rawgrad import config
 from rawgrad.hcq.allocator import HCQBuffer
 from rawgrad.hcq.program import NS_PER_S
-from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
+from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal, device_clock
 
 if TYPE_CHECKING:
     from rawgrad.hcq.device import HCQDevice
@@ -45,12 +49,16 @@ POOL_PAIRS = 64
 # The trace's clock is nanoseconds; Chrome trace events count microseconds.
 NS_PER_US = 1000.0
 
+# (HCQDevice.new_signal and the queue vocabulary are typed with the memory Signal; an object-signal device's
+# pairs are its ObjectSignals, read only through `timestamp`.)
 Pair = tuple[Signal, Signal]
 
 
 @dataclass(frozen=True)
 class ProfileEvent:
-    """One kernel as the device ran it; `batch` numbers the launch or replay it belongs to."""
+    """One kernel as the device ran it; `batch` numbers the launch or replay it belongs to. On a device
+    without per-kernel timestamps in a replay, one event covers a whole replay and `kernels` names what
+    ran in it (empty for a single kernel's event)."""
 
     device: str
     name: str
@@ -59,6 +67,7 @@ class ProfileEvent:
     kind: str  # EAGER or REPLAY
     queue: str
     batch: int
+    kernels: tuple[str, ...] = ()
 
     @property
     def duration_ns(self) -> int:
@@ -160,9 +169,7 @@ class Profiler:
                 if p.device.timeline_signal.value < p.value:
                     keep.append(p)
                     continue
-                for name, (start, end) in zip(p.names, p.pairs, strict=True):
-                    self._events.append(ProfileEvent(p.device.name, name, start.timestamp, end.timestamp,
-                                                     p.kind, p.queue, p.batch))
+                self._events.extend(_events_of(p))
                 if p.owner is None:
                     self._free.setdefault(p.device, []).extend(p.pairs)
             self._pending = keep
@@ -202,7 +209,8 @@ class Profiler:
             trace.append({"name": e.name, "cat": e.kind, "ph": "X", "pid": pid, "tid": tid,
                           "ts": (e.start_ns - origin) / NS_PER_US, "dur": e.duration_ns / NS_PER_US,
                           "args": {"kernel": e.name, "kind": e.kind, "queue": e.queue, "batch": e.batch,
-                                   "start_ns": e.start_ns, "end_ns": e.end_ns}})
+                                   "start_ns": e.start_ns, "end_ns": e.end_ns,
+                                   **({"kernels": list(e.kernels)} if e.kernels else {})}})
         # Metadata rows name the tracks: one process per device, one thread per queue (eager or a graph).
         for dev, pid in pids.items():
             trace.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": dev}})
@@ -213,7 +221,7 @@ class Profiler:
         # Each device has its own clock: one origin shifts them all, so compare times within a device.
         return {"traceEvents": trace, "displayTimeUnit": "ns",
                 "otherData": {"source": "rawgrad PROFILE=1", "origin_ns": origin,
-                              "clock": "device timestamps, ns (CLOCK_MONOTONIC on CPU)"}}
+                              "clock": "device timestamps converted to ns (CLOCK_MONOTONIC on CPU)"}}
 
     def export_chrome_trace(self, path: str) -> str:
         """Write the Chrome trace JSON to `path`; returns the path."""
@@ -288,7 +296,22 @@ def launch(program: Program, bufs: Sequence[HCQBuffer], global_size: tuple[int, 
         return None
     dev.timeline_signal.wait(value, timeout_s, queue=q.name, check=dev.check_fault)
     # The pair stays this launch's until the profiler reads it, so its slots still hold these times.
-    return (end.timestamp - start.timestamp) / NS_PER_S
+    clock = device_clock(dev)
+    return (clock.ticks_to_ns(end.timestamp) - clock.ticks_to_ns(start.timestamp)) / NS_PER_S
+
+
+def _events_of(p: _Pending) -> list[ProfileEvent]:
+    """The events of finished work `p`, its device's ticks converted to ns: one per kernel, or one for the
+    whole replay when the device cannot timestamp kernels inside one (its first start and last end stamps
+    are the replay's)."""
+    clock = device_clock(p.device)
+    ns = clock.ticks_to_ns
+    dev = p.device.name
+    if p.kind == REPLAY and not clock.kernel_timestamps_in_replay and p.pairs:
+        return [ProfileEvent(dev, f"replay of {len(p.names)} kernels", ns(p.pairs[0][0].timestamp),
+                             ns(p.pairs[-1][1].timestamp), p.kind, p.queue, p.batch, tuple(p.names))]
+    return [ProfileEvent(dev, name, ns(start.timestamp), ns(end.timestamp), p.kind, p.queue, p.batch)
+            for name, (start, end) in zip(p.names, p.pairs, strict=True)]
 
 
 def _export_at_exit() -> None:
