@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import cffi
 import numpy as np
 import pytest
 
 from rawgrad.compiler.ir import Ops, UOp, Variable
-from rawgrad.hcq.patch import PatchPoint, compile_expr, compile_word_writer
+from rawgrad.hcq.patch import PatchHook, PatchPoint, compile_expr, compile_word_writer
+from rawgrad.hcq.queue import HWQueue
 
 WORD_BITS = 32
 MASK = (1 << WORD_BITS) - 1
@@ -114,3 +116,50 @@ def test_writer_without_patches_and_constant_only_expressions() -> None:
 def test_writer_rejects_an_op_it_cannot_evaluate() -> None:
     with pytest.raises(TypeError, match="cannot evaluate"):
         compile_word_writer([PatchPoint(0, a.ge(3))], WORD_BITS)
+
+
+class _HookQueue(HWQueue):
+    """A queue whose device takes patched values through calls (as a Metal indirect command buffer's
+    setters): bound, its `_bound_words` is a PatchHook that records each call."""
+
+    WORD_BITS = 32
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, int]] = []
+        self.submits = 0
+
+    def _bind(self, device: object) -> None:
+        self._bound_words = PatchHook(lambda index, word: self.calls.append((index, word)))
+
+    def _submit(self, device: object) -> None:
+        self.submits += 1
+
+
+def test_patch_hook_gets_each_changed_word_on_both_patch_paths() -> None:
+    q = _HookQueue()
+    q._emit(0xA, addr, 0xB)  # a 64-bit address over words 1 and 2 of a 32-bit queue
+    q._add_patch(PatchPoint(2, addr, 32))
+    q._emit(a * 2)
+    device: Any = type("Dev", (), {"name": "API"})()
+    q.bind(device)
+    q.submit(device, {addr: 0x5_0000_0001, a: 4})  # the generic submit: every patch word is new
+    assert q.calls == [(1, 1), (2, 5), (3, 8)] and q.submits == 1
+    assert list(q.words()) == [0xA, 1, 5, 8]  # the host words stay in step (layout, debugging)
+    q.calls.clear()
+    q.submit(device, {addr: 0x5_0000_0001, a: 4})
+    assert q.calls == []  # nothing changed: no call at all
+    q._write_changed_words({addr: 0x5_0000_0002, a: 4})  # the generated writer (the replay path)
+    assert q.calls == [(1, 2)] and q._words == [0xA, 2, 5, 8]
+    q.calls.clear()
+    q._write_changed_words({addr: 0x6_0000_0002, a: 5})
+    assert q.calls == [(2, 6), (3, 10)]
+
+
+def test_memory_words_stay_the_default_patch_target() -> None:
+    """Without a hook the generated writer stores into the bound block directly (no call per word)."""
+    writer = compile_word_writer([PatchPoint(0, a)], WORD_BITS)
+    assert writer.__doc__ is not None and "block[0] = " in writer.__doc__
+    block = np.zeros(1, dtype=np.uint32)
+    writer({a: 9}, [0], block, [None])
+    assert block[0] == 9

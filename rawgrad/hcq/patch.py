@@ -20,7 +20,8 @@ from typing import Any
 
 from rawgrad.compiler.ir import Ops, UOp
 
-__all__ = ["PatchGroup", "PatchPoint", "WordWriter", "compile_expr", "compile_word_writer", "sym_eval"]
+__all__ = ["PatchGroup", "PatchHook", "PatchPoint", "WordWriter", "compile_expr", "compile_word_writer",
+           "sym_eval"]
 
 
 def sym_eval(expr: UOp, var_vals: Mapping[UOp, int]) -> int:
@@ -86,12 +87,32 @@ class PatchPoint:
     shift: int = 0
 
 
+class PatchHook:
+    """A bound queue's patch target that is not memory: `hook[index] = word` calls `fn(index, word)`.
+
+    A driver binds one as the queue's `_bound_words` when the device takes changed values through an API
+    (Metal: an indirect command buffer's argument and launch-size setters, or a write into an argument
+    buffer object); both patch paths (the generated writer and the generic submit) store through item
+    assignment, so they call it once per changed word, in patch-point order, before the queue's submit.
+    `fn` must not fail: the word already counts as written (a driver that can fail marks its queue broken).
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[int, int], None]) -> None:
+        self.fn = fn
+
+    def __setitem__(self, index: int, word: int) -> None:
+        self.fn(index, word)
+
+
 # The patch points of one expression: (its compiled evaluator, [(patch position in the queue's patch
 # list, word index, shift)]).
 PatchGroup = tuple[Callable[[Mapping[UOp, int]], int], list[tuple[int, int, int]]]
 
 
-# Writes every changed word of a bound queue: (var_vals, host words, bound block, last written words).
+# Writes every changed word of a bound queue: (var_vals, host words, bound block or PatchHook, last written
+# words).
 WordWriter = Callable[[Mapping[UOp, int], list[int], Any, list[Any]], None]
 
 # Python source for each operator, over already-rendered operand names.
@@ -210,7 +231,7 @@ def compile_word_writer(patches: Sequence[PatchPoint], word_bits: int) -> WordWr
     """One function `write(var_vals, words, block, last)` for these patch points: it reads and checks
     every variable first (so a missing or out-of-range one raises before any word is written), evaluates
     each distinct expression once, and for patch point `pos` whose word differs from `last[pos]` stores
-    it into `last[pos]`, `words[index]` and `block[index]`."""
+    it into `last[pos]`, `words[index]` and `block[index]` (`block` may be a PatchHook)."""
     variables = sorted({v for p in patches for v in _free_variables(p.expr)}, key=lambda v: v.arg)
     env: dict[str, Any] = {"_c_div": _c_div, "_c_mod": _c_mod, "_missing_variable": _missing_variable,
                            "_checked_int": _checked_int, "int": int}

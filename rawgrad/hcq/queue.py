@@ -6,6 +6,13 @@ DEFINE_VAR, or integer arithmetic over DEFINE_VARs): `_emit` records a patch poi
 `submit(device, var_vals)` evaluates the expression and rewrites only the words whose value changed
 since this queue's previous submit. After `bind(device)` the words live in device-visible memory, so a
 replay is one patch pass plus one doorbell.
+
+Where a changed word goes is the driver's choice: the host words, and the bound copy `_bound_words`,
+which is any object taking `bound[index] = word`. By default it is the block of words in device-visible
+memory; a driver whose patch targets are API state (Metal's indirect command buffers set kernel arguments
+and launch sizes through setters) binds a `patch.PatchHook` there instead, and each changed word becomes a
+call. The generated patch writer and the generic submit store the same way, so memory words pay nothing
+for the hook.
 """
 from __future__ import annotations
 
@@ -49,7 +56,8 @@ class HWQueue:
         self._last: list[int | None] = []
         self._refs: list[object] = []
         self._array: np.ndarray | None = None
-        # the bound copy of the words, indexable by word (a numpy array or a typed cffi pointer)
+        # the bound copy of the words, indexable by word (a numpy array or a typed cffi pointer), or a
+        # patch.PatchHook when the device takes patches through an API
         self._bound_words: Any = None
         # one PatchGroup per distinct patch expression, built on the first submit after the patch points
         # last changed
@@ -117,8 +125,8 @@ class HWQueue:
         return changed
 
     def _write_changed_words(self, vals: Mapping[UOp, int]) -> None:
-        """A bound queue's patch pass: every changed word into the host words, the bound copy and the
-        last-written list, through the generated writer."""
+        """A bound queue's patch pass: every changed word into the host words, the bound copy (memory words
+        or a PatchHook) and the last-written list, through the generated writer."""
         writer = self._writer
         if writer is None:
             writer = self._writer = compile_word_writer(self._patches, self.WORD_BITS)
