@@ -1,6 +1,11 @@
-"""Render a linear program (compiler/lower.py) as LLVM IR text for the CPU.
+"""Render a linear program (compiler/lower.py) as LLVM IR text.
 
-Calling convention (what the CPU command processor calls):
+`LLVMEmitter` is the shared part of every LLVM target: values, casts, ALU, loops, accumulators and memory
+access. A target subclasses it for its ABI only: how arguments arrive, which address spaces buffers and
+allocas live in, how the global range maps onto workers and how a group reduction combines (the CPU below;
+AMD GPUs in renderer/amdgpu.py).
+
+CPU calling convention (what the CPU command processor calls):
     void @name(ptr %args, i64 %start, i64 %end)
 `args` holds 8-byte words: the buffer addresses by slot, then the Variable values in the program's
 order; the kernel covers global indices [start, min(end, global size)): the command processor splits the
@@ -75,7 +80,14 @@ _INTRINSIC_SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
 _UNARY_INTRINSIC = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
 
 
-class _Emitter:
+class LLVMEmitter:
+    """Shared LLVM IR rendering; subclasses supply the ABI (see the module docstring)."""
+
+    # LLVM pointer types of buffer arguments and of allocas (address spaces are a target's business)
+    global_ptr = "ptr"
+    private_ptr = "ptr"
+    alloca_addrspace = ""  # text after `alloca T, align N`: ", addrspace(5)" on AMDGPU
+
     def __init__(self, prog: LinearProgram):
         self.prog = prog
         self.lines: list[str] = []
@@ -103,13 +115,34 @@ class _Emitter:
                 return scope[u]
         return None
 
-    # ------------------------------------------------------------------ statements
+    # ------------------------------------------------------------------ the function
     def render(self) -> str:
-        p = self.prog
-        sig = "ptr noalias nocapture readonly %args, i64 %start, i64 %end"
-        self.lines.append(f"define void @{p.name}({sig}) #0 {{")
-        self.lines.append("entry:")
+        self.lines.extend(self.header())
         entry_at = len(self.lines)
+        self.prologue()
+        for st in self.prog.statements:
+            self.statement(st)
+        self.epilogue()
+        self.lines.append("}")
+        body = self.lines[:entry_at] + ["  " + a for a in self.allocas] + self.lines[entry_at:]
+        head = self.preamble() + [f"declare {d}" for d in sorted(self.declares)]
+        return "\n".join(head + [""] + body + ["", *self.attributes(), ""])
+
+    # ------------------------------------------------------------------ ABI hooks (CPU defaults)
+    def preamble(self) -> list[str]:
+        """Module-level lines before the declarations (globals a target needs)."""
+        return []
+
+    def header(self) -> list[str]:
+        sig = "ptr noalias nocapture readonly %args, i64 %start, i64 %end"
+        return [f"define void @{self.prog.name}({sig}) #0 {{", "entry:"]
+
+    def attributes(self) -> list[str]:
+        return ['attributes #0 = { nounwind "no-trapping-math"="true" }']
+
+    def prologue(self) -> None:
+        """Bind every buffer and Variable of the program to an SSA value (CPU: words of the args array)."""
+        p = self.prog
         for g in p.globals:
             slot = self.tmp()
             self.emit(f"{slot} = getelementptr inbounds i64, ptr %args, i64 {g.arg}")
@@ -124,82 +157,106 @@ class _Emitter:
             val = f"%var_{v.arg[0]}"
             self.emit(f"{val} = load i64, ptr {slot}, align 8")
             self.scopes[0][v] = val
-        for st in p.statements:
-            self.statement(st)
-        self.emit("ret void")
-        self.lines.append("}")
-        body = self.lines[:entry_at] + ["  " + a for a in self.allocas] + self.lines[entry_at:]
-        head = [f"declare {d}" for d in sorted(self.declares)]
-        attrs = 'attributes #0 = { nounwind "no-trapping-math"="true" }'
-        return "\n".join(head + [""] + body + ["", attrs, ""])
 
+    def epilogue(self) -> None:
+        self.emit("ret void")
+
+    def global_range(self, st: UOp) -> None:
+        """The CPU loops over its slice [start, end) of the global range like over any other range."""
+        self.loop_range(st)
+
+    def end_global_range(self, st: UOp) -> None:
+        self.end_loop_range(st)
+
+    def group_combine(self, st: UOp) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: the CPU lowering has no group reductions")
+
+    def store(self, ptr: str, mem_t: str, v: str) -> None:
+        self.emit(f"store {mem_t} {v}, {self.global_ptr} {ptr}")
+
+    def alloca(self, slot: str, t: str) -> None:
+        self.allocas.append(f"{slot} = alloca {t}, align 8{self.alloca_addrspace}")
+
+    # ------------------------------------------------------------------ statements
     def statement(self, st: UOp) -> None:
         op = st.op
         if op is Ops.RANGE:
-            start = self.value(st.src[0])
-            end = self.value(st.src[1])
-            slot = f"%ctr{st.arg[0]}"
-            self.allocas.append(f"{slot} = alloca i64, align 8")
-            self.emit(f"store i64 {start}, ptr {slot}, align 8")
-            head, body, latch, exit_ = (self.label("loop_head"), self.label("loop_body"),
-                                        self.label("loop_latch"), self.label("loop_exit"))
-            self.emit(f"br label %{head}")
-            self.lines.append(f"{head}:")
-            cur = f"%i{st.arg[0]}"
-            self.emit(f"{cur} = load i64, ptr {slot}, align 8")
-            cond = self.tmp()
-            self.emit(f"{cond} = icmp slt i64 {cur}, {end}")
-            self.emit(f"br i1 {cond}, label %{body}, label %{exit_}")
-            self.lines.append(f"{body}:")
-            self.loop_labels[st] = (slot, cur, head, latch, exit_)
-            self.scopes.append({st: cur})
+            self.global_range(st) if st.arg[1] == "global" else self.loop_range(st)
         elif op is Ops.ENDRANGE:
-            r = st.src[0]
-            slot, cur, head, latch, exit_ = self.loop_labels[r]
-            self.scopes.pop()
-            self.emit(f"br label %{latch}")
-            self.lines.append(f"{latch}:")
-            nxt = self.tmp()
-            self.emit(f"{nxt} = add nsw i64 {cur}, 1")
-            self.emit(f"store i64 {nxt}, ptr {slot}, align 8")
-            # a register-tiled kernel is vectorized across its tile (SLP), not along the reduce loop,
-            # whose loads are strided for one of the inputs (rows sharing loads keep the reduce SIMD)
-            opts = self.prog.opts
-            tiled = bool(opts.upcast) and not opts.vectorize_reduce and r.arg[1] == "reduce"
-            self.emit(f"br label %{head}, !llvm.loop !{'2' if tiled else '0'}")
-            self.lines.append(f"{exit_}:")
+            self.end_global_range(st) if st.src[0].arg[1] == "global" else self.end_loop_range(st)
         elif op is Ops.DEFINE_ACC:
             assert st.dtype is not None
             slot = f"%acc{st.arg}_{self.counter}"
             self.counter += 1
             t = reg_type(st.dtype)
-            self.allocas.append(f"{slot} = alloca {t}, align 8")
-            self.emit(f"store {t} {self.value(st.src[0])}, ptr {slot}")
+            self.alloca(slot, t)
+            self.emit(f"store {t} {self.value(st.src[0])}, {self.private_ptr} {slot}")
             self.acc_slots[st] = slot
         elif op is Ops.ACC_UPDATE:
             acc, val = st.src
             assert acc.dtype is not None
             v = self.value(val, reassoc=True)
-            self.emit(f"store {reg_type(acc.dtype)} {v}, ptr {self.acc_slots[acc]}")
-            # the accumulator changed: forget loads of it made in this scope
-            self.scopes[-1] = {k: s for k, s in self.scopes[-1].items() if not (k.op is Ops.LOAD and
-                                                                              k.src[0] is acc)}
+            self.emit(f"store {reg_type(acc.dtype)} {v}, {self.private_ptr} {self.acc_slots[acc]}")
+            self.forget_acc_loads(acc)
+        elif op is Ops.GROUP_COMBINE:
+            self.group_combine(st)
         elif op is Ops.STORE:
             index, val = st.src
             glob, idx = index.src
             assert glob.dtype is not None
             ptr = self.address(glob, self.value(idx))
             v = self.to_memory(self.value(val), glob.dtype)
-            self.emit(f"store {mem_type(glob.dtype)} {v}, ptr {ptr}")
+            self.store(ptr, mem_type(glob.dtype), v)
         else:
             raise NotImplementedError(f"LLVM renderer: unexpected statement {op}")
+
+    def forget_acc_loads(self, acc: UOp) -> None:
+        """The accumulator changed: forget loads of it made in this scope."""
+        scope = self.scopes[-1]
+        self.scopes[-1] = {k: s for k, s in scope.items() if not (k.op is Ops.LOAD and k.src[0] is acc)}
+
+    def loop_range(self, st: UOp) -> None:
+        start = self.value(st.src[0])
+        end = self.value(st.src[1])
+        slot = f"%ctr{st.arg[0]}"
+        self.alloca(slot, "i64")
+        self.emit(f"store i64 {start}, {self.private_ptr} {slot}, align 8")
+        head, body, latch, exit_ = (self.label("loop_head"), self.label("loop_body"),
+                                    self.label("loop_latch"), self.label("loop_exit"))
+        self.emit(f"br label %{head}")
+        self.lines.append(f"{head}:")
+        cur = f"%i{st.arg[0]}"
+        self.emit(f"{cur} = load i64, {self.private_ptr} {slot}, align 8")
+        cond = self.tmp()
+        self.emit(f"{cond} = icmp slt i64 {cur}, {end}")
+        self.emit(f"br i1 {cond}, label %{body}, label %{exit_}")
+        self.lines.append(f"{body}:")
+        self.loop_labels[st] = (slot, cur, head, latch, exit_)
+        self.scopes.append({st: cur})
+
+    def end_loop_range(self, st: UOp) -> None:
+        r = st.src[0]
+        slot, cur, head, latch, exit_ = self.loop_labels[r]
+        self.scopes.pop()
+        self.emit(f"br label %{latch}")
+        self.lines.append(f"{latch}:")
+        nxt = self.tmp()
+        self.emit(f"{nxt} = add nsw i64 {cur}, 1")
+        self.emit(f"store i64 {nxt}, {self.private_ptr} {slot}, align 8")
+        # a register-tiled kernel is vectorized across its tile (SLP), not along the reduce loop,
+        # whose loads are strided for one of the inputs (rows sharing loads keep the reduce SIMD)
+        opts = self.prog.opts
+        tiled = bool(opts.upcast) and not opts.vectorize_reduce and r.arg[1] == "reduce"
+        self.emit(f"br label %{head}, !llvm.loop !{'2' if tiled else '0'}")
+        self.lines.append(f"{exit_}:")
 
     # ------------------------------------------------------------------ memory helpers
     def address(self, glob: UOp, index: str) -> str:
         """Pointer to element `index` (an already rendered i64) of buffer `glob`."""
         assert glob.dtype is not None
         base, ptr = self.value(glob), self.tmp()
-        self.emit(f"{ptr} = getelementptr inbounds {mem_type(glob.dtype)}, ptr {base}, i64 {index}")
+        elem = mem_type(glob.dtype)
+        self.emit(f"{ptr} = getelementptr inbounds {elem}, {self.global_ptr} {base}, i64 {index}")
         return ptr
 
     def bf16_to_float(self, bits: str) -> str:
@@ -281,7 +338,7 @@ class _Emitter:
             assert dt is not None
             if u.src[0].op is Ops.DEFINE_ACC:
                 out = self.tmp()
-                self.emit(f"{out} = load {reg_type(dt)}, ptr {self.acc_slots[u.src[0]]}")
+                self.emit(f"{out} = load {reg_type(dt)}, {self.private_ptr} {self.acc_slots[u.src[0]]}")
                 return out
             index = u.src[0]
             glob, idx = index.src
@@ -291,7 +348,7 @@ class _Emitter:
                 self.emit(f"{safe} = select i1 {valid}, i64 {self.value(idx)}, i64 0")
                 ptr = self.address(glob, safe)
                 raw = self.tmp()
-                self.emit(f"{raw} = load {mem_type(dt)}, ptr {ptr}")
+                self.emit(f"{raw} = load {mem_type(dt)}, {self.global_ptr} {ptr}")
                 loaded = self.from_memory(raw, dt)
                 out = self.tmp()
                 self.emit(f"{out} = select i1 {valid}, {reg_type(dt)} {loaded}, {reg_type(dt)} "
@@ -299,7 +356,7 @@ class _Emitter:
                 return out
             ptr = self.address(glob, self.value(idx))
             raw = self.tmp()
-            self.emit(f"{raw} = load {mem_type(dt)}, ptr {ptr}")
+            self.emit(f"{raw} = load {mem_type(dt)}, {self.global_ptr} {ptr}")
             return self.from_memory(raw, dt)
         if op is Ops.CAST:
             return self.cast(self.value(u.src[0]), u.src[0].dtype, dt)  # type: ignore[arg-type]
@@ -372,18 +429,15 @@ class _Emitter:
         if op is Ops.NOT:
             self.emit(f"{out} = xor {t} {s[0]}, {'1' if sdt.is_bool else '-1'}")
             return out
-        if op is Ops.EXP2 and t == "float":
-            return self._round(self.exp2_f32(s[0]), dt)
         if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
-            name = _UNARY_INTRINSIC[op]
-            return self._round(self.intrinsic(name, t, s[0]), dt)
+            return self._round(self.float_unary(op, t, s[0]), dt)
         if op is Ops.RECIP:
             self.emit(f"{out} = fdiv {flags}{t} {const_text(1.0, sdt)}, {s[0]}")
             return self._round(out, dt)
         if op is Ops.POW:
             if not is_f:
                 return self.int_pow(sdt, s[0], s[1])
-            return self._round(self.intrinsic("pow", t, s[0], s[1]), dt)
+            return self._round(self.float_pow(t, s[0], s[1]), dt)
         if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
             if is_f:
                 pred = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}[op]
@@ -421,6 +475,16 @@ class _Emitter:
             b = self.cast(b, src_uops[1].dtype, sdt)  # type: ignore[arg-type]
         self.emit(f"{out} = {instr} {t} {s[0]}, {b}")
         return out
+
+    def float_unary(self, op: Ops, t: str, x: str) -> str:
+        """EXP2/LOG2/SIN/SQRT/TRUNC of a float in register type `t` (a target may replace intrinsics its
+        backend cannot lower)."""
+        if op is Ops.EXP2 and t == "float":
+            return self.exp2_f32(x)
+        return self.intrinsic(_UNARY_INTRINSIC[op], t, x)
+
+    def float_pow(self, t: str, x: str, y: str) -> str:
+        return self.intrinsic("pow", t, x, y)
 
     def exp2_f32(self, x: str) -> str:
         """2**x for float32 without a libm call, so loops over it vectorize.
@@ -524,12 +588,14 @@ class _Emitter:
         return out
 
 
+# The loop metadata every loop latch names: !0 plain (must progress), !2 also "do not vectorize this loop".
+LOOP_METADATA = ('!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n'
+                 '!2 = distinct !{!2, !1, !3}\n!3 = !{!"llvm.loop.vectorize.enable", i1 false}\n')
+
+
 def render_llvm(prog: LinearProgram) -> str:
     """LLVM IR text for one kernel, with the loop metadata the vectorizer reads."""
-    text = _Emitter(prog).render()
-    meta = ('!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n'
-            '!2 = distinct !{!2, !1, !3}\n!3 = !{!"llvm.loop.vectorize.enable", i1 false}\n')
-    return text + meta
+    return LLVMEmitter(prog).render() + LOOP_METADATA
 
 
 class LLVMRenderer:
