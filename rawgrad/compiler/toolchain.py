@@ -15,6 +15,7 @@ code fast and the loader simple.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 
@@ -22,8 +23,10 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from rawgrad.compiler.cache import BUILT, DISK, MEMORY, CompileCache, cache_folder, content_key
+from rawgrad.compiler.target import AMD_TRIPLE
 
-__all__ = ["CompileError", "CompileStats", "LLVMCompiler", "host_compiler"]
+__all__ = ["AMDGPUCompiler", "CompileError", "CompileStats", "LLVMCompiler", "amdgpu_compiler",
+           "host_compiler"]
 
 # Default relocation model and code model (see the module docstring for why).
 DEFAULT_RELOC = "pic"
@@ -146,12 +149,16 @@ class LLVMCompiler:
     def _compile_uncached(self, llvm_ir: str) -> bytes:
         return self._codegen(llvm_ir, assembly=False)
 
+    def _parse(self, llvm_ir: str) -> llvm.ModuleRef:
+        """A freshly parsed module: codegen mutates the module it runs on, so every emission parses anew."""
+        try:
+            return llvm.parse_assembly(llvm_ir)
+        except RuntimeError as e:
+            raise CompileError("IR parse", str(e), llvm_ir) from e
+
     def _codegen(self, llvm_ir: str, assembly: bool) -> bytes:
         with _llvm_lock:
-            try:
-                mod = llvm.parse_assembly(llvm_ir)
-            except RuntimeError as e:
-                raise CompileError("IR parse", str(e), llvm_ir) from e
+            mod = self._parse(llvm_ir)
             # The compiler's target wins over whatever the IR declares, so one IR text serves any target.
             mod.triple = self.triple
             mod.data_layout = str(self._tm.target_data)
@@ -186,3 +193,57 @@ def host_compiler() -> LLVMCompiler:
             if _host is None:
                 _host = LLVMCompiler()
     return _host
+
+
+# ------------------------------------------------------------------------------------------------ AMD GPUs
+# Compute-unit mode, HIP's default (-mcumode): without it gfx10+ objects are built for WGP mode
+# (../shared/AMD-METAL-FACTS.md section 1.8; LLVM AMDGPUUsage, "Target features").
+AMDGPU_FEATURES = "+cumode"
+# float64 math intrinsics the AMDGPU backend cannot lower. LLVM reports them with `LLVM ERROR`, which aborts
+# the whole process instead of raising ("no libcall available for fexp2", "Cannot select: fpow f64";
+# measured with llvmlite 0.50 / LLVM 22), so the compiler refuses them before codegen. The AMDGPU renderer
+# decomposes them; this catches IR from anywhere else.
+_AMDGPU_ABORTING_INTRINSIC = re.compile(r"@llvm\.(pow|powi|exp|exp2|exp10|log|log2|log10|sin|cos|tan)\.f64\b")
+# Lines that name the target inside IR text; the compiler writes its own.
+_TARGET_LINE = re.compile(r"^\s*target\s+(triple|datalayout)\s*=.*$", re.MULTILINE)
+
+
+class AMDGPUCompiler(LLVMCompiler):
+    """LLVM IR -> AMDGPU relocatable code object (ELF ET_REL, no linker) for one gfx target.
+
+    The triple and datalayout are written into the IR text before it is parsed: LLVM fixes an alloca's
+    address space when it parses it, and one set afterwards does not retarget it (AMDGPU needs
+    `addrspace(5)`). Every emission parses a fresh module (see `_parse`): a second emission from one module
+    aborts the process in AMDGPU instruction selection ("Cannot select: intrinsic llvm.amdgcn.if").
+    ``assembly(ir)`` gives the assembly text of the same code (for the RDNA3 decoder tool and tests).
+    """
+
+    def __init__(self, arch: str = "gfx1100", opt_level: int = 3, cache_dir: str | None = None) -> None:
+        super().__init__(triple=AMD_TRIPLE, cpu=arch, features=AMDGPU_FEATURES, opt_level=opt_level,
+                         cache_dir=cache_dir)
+        self.arch = arch
+        self.data_layout = str(self._tm.target_data)
+
+    def __repr__(self) -> str:
+        return f"AMDGPUCompiler({self.arch!r}, cache_dir={self.cache_dir!r})"
+
+    def _parse(self, llvm_ir: str) -> llvm.ModuleRef:
+        bad = _AMDGPU_ABORTING_INTRINSIC.search(llvm_ir)
+        if bad is not None:
+            raise CompileError("AMDGPU check", f"{bad.group(0)} has no AMDGPU lowering (LLVM would abort the "
+                               f"process); decompose it in the renderer", llvm_ir)
+        body = _TARGET_LINE.sub("", llvm_ir)
+        head = f'target datalayout = "{self.data_layout}"\ntarget triple = "{self.triple}"\n'
+        return super()._parse(head + body)
+
+
+_amd_lock = threading.Lock()
+_amd: dict[str, AMDGPUCompiler] = {}
+
+
+def amdgpu_compiler(arch: str) -> AMDGPUCompiler:
+    """The process-wide compiler for one AMD gfx target (created on first use)."""
+    with _amd_lock:
+        if arch not in _amd:
+            _amd[arch] = AMDGPUCompiler(arch)
+        return _amd[arch]
