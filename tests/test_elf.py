@@ -514,3 +514,19 @@ def test_aarch64_call26_overflow_without_stub_is_an_error() -> None:
     forged = ElfFile(e.machine, e.elf_type, e.flags, e.entry, e.sections, e.symbols, far)
     with pytest.raises(ElfError, match="CALL26.*overflows"):
         link(forged, A64_BASE)
+
+
+def test_split_package_keeps_one_api() -> None:
+    # compiler.elf is a package now (parse / link / host / load); every name callers used is still there and
+    # is the same object as in its stage module, so isinstance checks and error handling keep working
+    import importlib
+    stage = {name: importlib.import_module(f"rawgrad.compiler.elf.{name}") for name in ("consts", "parse",
+                                                                                        "link", "load")}
+    assert elfmod.ElfFile is stage["parse"].ElfFile and elfmod.ElfError is stage["consts"].ElfError
+    assert elfmod.link is stage["link"].link and elfmod.load is stage["load"].load
+    assert elfmod.LinkedImage is stage["link"].LinkedImage and elfmod.LoadedImage is stage["load"].LoadedImage
+    for name in ("R_AARCH64_CALL26", "R_X86_64_PLT32", "EM_CUDA", "EM_AMDGPU", "SHT_RELA", "SHF_ALLOC",
+                 "ELF_MAGIC", "_AARCH64_MOVW"):
+        assert hasattr(elfmod, name), name
+    with pytest.raises(ElfError, match="not an ELF file"):
+        ElfFile.parse(b"\0" * 64)
