@@ -52,10 +52,10 @@ class DetachedGPU:
         ch._publish_entry = native_mmio().gpfifo_publisher(
             ch.gpfifo_addr, ch.entries, ch.userd_addr + pbuf.USERD_GP_PUT,
             int(_ffi.cast("uintptr_t", self._doorbell)), ch.token)
-        ch._gp_slots_free = lambda count: True  # the dummy GPU never fetches: every slot is free
         self.channel = ch
 
     def retire(self) -> None:
+        self.channel._gp_get[0] = self.channel.put  # the front end fetched every entry published
         self.channel._retired[0] = self.channel.retire_value
         self.dev.timeline_signal.value = self.dev.timeline_value - 1  # type: ignore[attr-defined]
 

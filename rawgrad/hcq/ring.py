@@ -3,9 +3,10 @@
 A ring is `capacity` units of memory that the host fills and a device consumes in order. The host tracks
 a monotonic write position (units ever written, padding included); the device's progress is a monotonic
 retired position read through a pluggable `RetireSource`. Space is free when it is behind the retired
-position, so the ring never overwrites work the device has not consumed:
+position, so the ring never overwrites work the device has not consumed (`limit` is the capacity, or one
+less for a ring whose read index wraps):
 
-    free = capacity - (write - retired)
+    free = limit - (write - retired)
 
 `Ring.reserve(n)` returns the slot where `n` contiguous units may be written, waiting (through the one
 host wait loop, `hcq.signal.wait_until`) until the device has retired enough; a span that would straddle
@@ -153,7 +154,8 @@ class FenceRetire:
 
 
 class Ring:
-    """`capacity` units consumed in order by a device (see the module docstring).
+    """`capacity` units consumed in order by a device (see the module docstring); at most `limit` of them
+    in flight (default all; a ring tracked by a wrapped read index keeps one empty).
 
     `pad(slot, n)` fills `n` units from `slot` that the device will read past (NOP records or packets);
     None when the device never reads skipped units (NV's pushbuffer: each GP entry says where its commands
@@ -164,18 +166,22 @@ class Ring:
     caller serializes use (a device's submit lock).
     """
 
-    __slots__ = ("_known", "_position", "_room", "capacity", "check", "detail", "device", "flush", "name",
-                 "pad", "retire", "timeout_s", "unit", "write")
+    __slots__ = ("_known", "_position", "_room", "capacity", "check", "detail", "device", "flush", "limit",
+                 "name", "pad", "retire", "timeout_s", "unit", "write")
 
     def __init__(self, name: str, capacity: int, unit: RingUnit, retire: RetireSource, *, device: str = "",
-                 write: int = 0, pad: Callable[[int, int], None] | None = None,
+                 write: int = 0, limit: int | None = None, pad: Callable[[int, int], None] | None = None,
                  flush: Callable[[], None] | None = None, check: Callable[[], None] | None = None,
                  detail: Callable[[], str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if capacity < 1:
             raise ValueError(f"{name}: ring capacity must be >= 1 {unit.name}, got {capacity}")
-        if isinstance(retire, WrappedIndexRetire) and capacity >= retire.modulus:
+        limit = capacity if limit is None else limit
+        if not 0 < limit <= capacity:
+            raise ValueError(f"{name}: in-flight limit {limit} must be in [1, {capacity}]")
+        if isinstance(retire, WrappedIndexRetire) and limit >= retire.modulus:
             raise ValueError(f"{name}: a wrapped read index modulo {retire.modulus} tracks at most "
-                             f"{retire.modulus - 1} {unit.name}s in flight, not {capacity}")
+                             f"{retire.modulus - 1} {unit.name}s in flight, not {limit} (pass limit=)")
+        self.limit = limit
         self.name, self.capacity, self.unit, self.retire, self.device = name, capacity, unit, retire, device
         self._position = retire.position  # bound once: a replay's reserve calls it on every submit
         self.write = write
@@ -196,7 +202,7 @@ class Ring:
 
     def free(self) -> int:
         """Units the host may overwrite now (not necessarily contiguous)."""
-        self._known = free = self.capacity - (self.write - self._position(self.write))
+        self._known = free = self.limit - (self.write - self._position(self.write))
         return free
 
     def slot(self) -> int:
@@ -220,9 +226,9 @@ class Ring:
         if align == 1 and slot + n <= cap and 0 < n <= self._known:
             self._room = n  # the common case: fits here, known to be free without asking the device
             return slot
-        if not 0 < n <= cap:
+        if not 0 < n <= self.limit:
             raise ValueError(f"{queue} on the {self.name}: a span of {n} {self.unit.name}s does not fit a "
-                             f"ring of {cap}")
+                             f"ring of {self.limit}")
         if align < 1 or cap % align:
             raise ValueError(f"{self.name}: alignment {align} does not divide the ring's {cap} "
                              f"{self.unit.name}s")
@@ -242,6 +248,25 @@ class Ring:
         self._room = n
         return self.write % cap
 
+    def take(self, n: int = 1, queue: str = "ring") -> int:
+        """`reserve(n)` and `commit(n)` in one call, returning the slot: for a writer whose units reach the
+        device in one step that follows (NV's native GP-entry publish), which calls `untake(n)` if that
+        step fails. The replay path's whole use of the GPFIFO ring."""
+        w = self.write
+        slot = w % self.capacity
+        if slot + n <= self.capacity and 0 < n <= self._known:
+            self._known -= n
+            self.write = w + n
+            return slot
+        slot = self.reserve(n, 1, queue)
+        self.commit(n)
+        return slot
+
+    def untake(self, n: int) -> None:
+        """Undo the last `take(n)` (its units never reached the device)."""
+        self.write -= n
+        self._known += n
+
     def commit(self, n: int) -> int:
         """Publish `n` units written at the reserved slot; returns the new write position."""
         room = self._room
@@ -259,8 +284,9 @@ class Ring:
         slot = self.write % cap
         total = 0
         for n in sizes:
-            if not 0 < n <= cap:
-                raise ValueError(f"{self.name}: a span of {n} {self.unit.name}s does not fit a ring of {cap}")
+            if not 0 < n <= self.limit:
+                raise ValueError(f"{self.name}: a span of {n} {self.unit.name}s does not fit a ring of "
+                                 f"{self.limit}")
             if slot + n > cap:
                 total += cap - slot
                 slot = 0

@@ -109,17 +109,16 @@ def test_wrapped_index_keeps_one_slot_empty() -> None:
     word, fetch_to = _word(32)
     with pytest.raises(ValueError, match="at most 7"):
         Ring("gp", 8, RingUnit("entry", 8), WrappedIndexRetire(word, 8, "GPGet"))
-    ring = Ring("gp", 7, RingUnit("entry", 8), WrappedIndexRetire(word, 8, "GPGet"), timeout_s=SHORT_S)
-    for _ in range(7):
-        ring.reserve(1)
-        ring.commit(1)
+    ring = Ring("gp", 8, RingUnit("entry", 8), WrappedIndexRetire(word, 8, "GPGet"), limit=7,
+                timeout_s=SHORT_S)
+    assert [ring.take(1) for _ in range(7)] == [0, 1, 2, 3, 4, 5, 6]
     with pytest.raises(DeviceTimeout):
-        ring.reserve(1)  # 7 in flight: GPGet == GPPut would read as empty, so the 8th waits
+        ring.take(1)  # 7 in flight: GPGet == GPPut would read as empty, so the 8th waits
     fetch_to(5)  # the front end fetched 5 (GPGet moves modulo 8)
-    for _ in range(5):
-        ring.reserve(1)
-        ring.commit(1)
-    assert ring.write == 12 and ring.retired() == 5 and ring.slot() == 5
+    assert [ring.take(1) for _ in range(5)] == [7, 0, 1, 2, 3]  # slots follow GPPut modulo the 8 entries
+    assert ring.write == 12 and ring.retired() == 5 and ring.slot() == 4
+    ring.untake(1)  # the last entry never reached the device (its publish failed)
+    assert ring.write == 11 and ring.slot() == 3
 
 
 def test_fence_retire_frees_space_per_submission() -> None:

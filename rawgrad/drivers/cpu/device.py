@@ -362,7 +362,7 @@ class CPUDevice(HCQDevice):
             # commands have to run to make room for the rest).
             sizes = [end - start for start, end in zip([0, *cmd_ends[:-1]], cmd_ends, strict=True)]
             span = ring.span(sizes)
-            if span <= ring.capacity:
+            if span <= ring.limit:
                 ring.wait_free(span, getattr(owner, "name", "queue"))
         while i < total:
             # as many whole commands as fit contiguously now, in one copy

@@ -84,8 +84,8 @@ class Channel:
         self._publish_entry = os_iface.gpfifo_publisher(gpfifo_addr, entries, userd_addr + pbuf.USERD_GP_PUT,
                                                         doorbell_addr, token)
         # GPGet is the front end's index modulo `entries`: one entry stays empty (full != empty)
-        self.gp_ring = Ring(f"{name} GPFIFO ring", entries - 1, GP_ENTRIES,
-                            WrappedIndexRetire(self._gp_get, entries, "GPGet"), device=device_name,
+        self.gp_ring = Ring(f"{name} GPFIFO ring", entries, GP_ENTRIES, limit=entries - 1,
+                            retire=WrappedIndexRetire(self._gp_get, entries, "GPGet"), device=device_name,
                             write=self.put, check=self.check_error, detail=self._progress,
                             timeout_s=timeout_s)
         self.retire_value = read_u64(retire_addr)
@@ -206,17 +206,22 @@ class Channel:
         if value != self.retire_value + 1:
             raise ValueError(f"{self.name}: a bound block must retire with {self.retire_value + 1}, "
                              f"not {value}")
-        self.gp_ring.reserve(1, 1, self._label)
+        self._publish(entry)  # waits for a free GP entry before anything changes
         self.retire_value = value
-        self._publish(entry)
         return value
 
     def _publish(self, entry: int) -> None:
         # ring entry (and the pushbuffer it points at) visible before GPPut, GPPut before the doorbell
         # (NV-FACTS 4.5): one call through the OS seam, native code in production. The GP slot was
-        # reserved (reserve/submit_bound), so the entry overwrites one the front end has fetched.
-        self._publish_entry(self.put, entry)
-        self.put = self.gp_ring.commit(1) & self._entry_mask
+        # taken from the ring first, so the entry overwrites one the front end has fetched.
+        ring = self.gp_ring
+        slot = ring.take(1, self._label)
+        try:
+            self._publish_entry(slot, entry)
+        except BaseException:
+            ring.untake(1)
+            raise
+        self.put = ring.write & self._entry_mask
         self.submissions += 1
 
     def wait_idle(self, timeout_s: float | None = None) -> None:
