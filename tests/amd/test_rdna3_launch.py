@@ -44,7 +44,7 @@ def test_workgroup_id_comes_from_user_sgpr_count() -> None:
     np.testing.assert_array_equal(_run_wgid(prog, gx, gy), want)
     # the same code with a descriptor claiming 2 user SGPRs: the ids land in s2/s3, the code reads s14/s15
     # (zeros), so every workgroup writes group (0, 0)'s slot: the interpreter follows the descriptor
-    moved = dataclasses.replace(prog.kd, rsrc2=(prog.kd.rsrc2 & ~0x3E) | (2 << 1))
+    moved = dataclasses.replace(prog.kd, compute_pgm_rsrc2=(prog.kd.compute_pgm_rsrc2 & ~0x3E) | (2 << 1))
     got = _run_wgid(Program(prog.image, prog.entry, moved, "wgid"), gx, gy)
     assert got[0, 0] == 0 and (got.reshape(-1)[1:] == -1).all()
 
@@ -113,7 +113,7 @@ def test_barrier_parks_both_waves() -> None:
 
 def _denorm_program(mode: int) -> Program:
     p = corpus.program("divergent")
-    kd = dataclasses.replace(p.kd, rsrc1=(p.kd.rsrc1 & ~(3 << 16)) | (mode << 16))
+    kd = dataclasses.replace(p.kd, compute_pgm_rsrc1=(p.kd.compute_pgm_rsrc1 & ~(3 << 16)) | (mode << 16))
     return Program(p.image, p.entry, kd, "divergent")
 
 

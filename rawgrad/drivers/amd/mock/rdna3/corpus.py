@@ -415,52 +415,11 @@ def compiled(name: str) -> Compiled:
     raise KeyError(f"no corpus kernel named {name!r} (have: {', '.join(k.name for k in KERNELS)})")
 
 
-R_AMDGPU_REL64 = 5  # S + A - P, 64-bit (AMDGPUUsage, "Relocation Records"): the KD's code entry offset
-KD_ALIGN = 64  # the CP requires kernel descriptors 64-byte aligned (AMDGPUUsage, "Kernel Descriptor")
-
-
-@dataclass(frozen=True)
-class LoadedImage:
-    """A code object laid out for the GPU: .text at offset 0, .rodata after it at its alignment, relocated."""
-
-    image: bytes
-    entry: int  # offset of the kernel's first instruction
-    kd_offset: int  # offset of its kernel descriptor
-
-
-def load_image(obj: bytes, name: str) -> LoadedImage:
-    """A minimal stand-in for the driver's code-object loader (the corpus needs only .text, .rodata and
-    R_AMDGPU_REL64): lay out, apply relocations, find the kernel and its descriptor. The interpreter then
-    runs these bytes; the KD's code entry offset (filled by the relocation) must lead to the kernel."""
-    import struct
-
-    from rawgrad.compiler.elf import ElfFile
-
-    elf = ElfFile.parse(obj)
-    text, rodata = elf.section(".text"), elf.section(".rodata")
-    ro_at = -(-len(text.data) // max(rodata.align, KD_ALIGN)) * max(rodata.align, KD_ALIGN)
-    image = bytearray(ro_at + len(rodata.data))
-    image[:len(text.data)] = text.data
-    image[ro_at:] = rodata.data
-    base = {text.index: 0, rodata.index: ro_at}
-    for r in elf.relocations:
-        if r.type != R_AMDGPU_REL64:
-            raise ValueError(f"corpus loader: relocation type {r.type} not supported")
-        place = base[r.section_index] + r.offset
-        target = base[r.symbol.section_index] + r.symbol.value + r.addend
-        struct.pack_into("<q", image, place, target - place)
-    syms = {s.name: s for s in elf.symbols}
-    entry = base[syms[name].section_index] + syms[name].value
-    kd_offset = base[syms[name + ".kd"].section_index] + syms[name + ".kd"].value
-    return LoadedImage(bytes(image), entry, kd_offset)
-
 
 def program(name: str):  # type: ignore[no-untyped-def]
-    """The corpus kernel `name`, compiled, loaded and wrapped as an interpreter Program."""
-    from rawgrad.drivers.amd.mock.rdna3.interp import KD_SIZE, KernelDescriptor, Program
+    """The corpus kernel `name`, compiled, laid out and relocated by rawgrad's loader
+    (compiler/amdgpu_code.py), as an interpreter Program."""
+    from rawgrad.compiler.amdgpu_code import load_code_object
+    from rawgrad.drivers.amd.mock.rdna3.interp import Program
 
-    img = load_image(compiled(name).obj, name)
-    kd = KernelDescriptor.parse(img.image[img.kd_offset:img.kd_offset + KD_SIZE])
-    if img.kd_offset + kd.kernel_code_entry_byte_offset != img.entry:
-        raise ValueError(f"{name}: the descriptor's code entry offset does not lead to the kernel symbol")
-    return Program(img.image, img.entry, kd, name)
+    return Program.from_code_object(load_code_object(compiled(name).obj, CPU, kernel=name))

@@ -32,13 +32,25 @@ Any opcode without semantics here raises `MockUnsupported(mnemonic)`; nothing is
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from rawgrad.compiler.amdgpu_code import (
+    KCP_ENABLE_SGPR_DISPATCH_ID,
+    KCP_ENABLE_SGPR_DISPATCH_PTR,
+    KCP_ENABLE_SGPR_FLAT_SCRATCH_INIT,
+    KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR,
+    KCP_ENABLE_SGPR_PRIVATE_SEGMENT_BUFFER,
+    KCP_ENABLE_SGPR_PRIVATE_SEGMENT_SIZE,
+    KCP_ENABLE_SGPR_QUEUE_PTR,
+    RSRC1_VGPR_GRANULES_MASK,
+    AMDCodeObject,
+    KernelDescriptor,
+)
 from rawgrad.drivers.amd.mock.rdna3.decode import (
     EXEC_LO,
     M0,
@@ -52,11 +64,10 @@ from rawgrad.drivers.amd.mock.rdna3.decode import (
     mnemonic_base,
 )
 
-__all__ = ["KernelDescriptor", "MemoryFault", "MemoryMap", "MockUnsupported", "Program", "RDNA3Fault",
-           "RunStats", "run"]
+__all__ = ["MemoryFault", "MemoryMap", "MockUnsupported", "Program", "RDNA3Fault", "RunStats", "denorm_modes",
+           "run", "vgpr_count"]
 
 WAVE = 32  # lanes per wave: the mock runs wave32 code only (KD code property bit 10)
-KD_SIZE = 64  # bytes of an AMDHSA kernel descriptor (AMDGPUUsage, "Kernel Descriptor")
 SGPR_FILE = 128  # scalar operand encodings 0..127 (s0..s105, vcc, null, m0, exec) held in one array
 VGPR_GRANULE_WAVE32 = 8  # rsrc1 GRANULATED_WORKITEM_VGPR_COUNT unit on gfx10/11 wave32 (AMDGPUUsage)
 WORKITEM_ID_BITS = 10  # v0 packs the X/Y/Z work-item ids in 10-bit fields on gfx11 (AMDGPUUsage)
@@ -65,16 +76,12 @@ KERNARG_ALIGN = 16  # HSA: kernarg segments are 16-byte aligned and sized; LLVM 
 # aligned end (matmul_tiled's s_load_b128 of its last three i32 reads 4 bytes past .kernarg_segment_size)
 KERNARG_VA = 0x7F00_0000_0000  # where run() maps the kernarg segment unless told otherwise
 DEFAULT_MAX_STEPS = 2_000_000  # steps (instructions for one set of waves) before a launch is called runaway
-
-# kernel code properties (KD offset 56) and rsrc fields (AMDGPUUsage, "Kernel Descriptor" tables)
-KCP_PRIVATE_SEGMENT_BUFFER, KCP_DISPATCH_PTR, KCP_QUEUE_PTR, KCP_KERNARG_PTR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-KCP_DISPATCH_ID, KCP_FLAT_SCRATCH_INIT, KCP_PRIVATE_SEGMENT_SIZE = 1 << 4, 1 << 5, 1 << 6
-KCP_WAVE32 = 1 << 10
-_UNSUPPORTED_USER_SGPRS = {KCP_PRIVATE_SEGMENT_BUFFER: "private segment buffer",
-                           KCP_DISPATCH_PTR: "dispatch ptr", KCP_QUEUE_PTR: "queue ptr",
-                           KCP_DISPATCH_ID: "dispatch id",
-                           KCP_FLAT_SCRATCH_INIT: "flat scratch init",
-                           KCP_PRIVATE_SEGMENT_SIZE: "private segment size"}
+_UNSUPPORTED_USER_SGPRS = {KCP_ENABLE_SGPR_PRIVATE_SEGMENT_BUFFER: "private segment buffer",
+                           KCP_ENABLE_SGPR_DISPATCH_PTR: "dispatch ptr",
+                           KCP_ENABLE_SGPR_QUEUE_PTR: "queue ptr",
+                           KCP_ENABLE_SGPR_DISPATCH_ID: "dispatch id",
+                           KCP_ENABLE_SGPR_FLAT_SCRATCH_INIT: "flat scratch init",
+                           KCP_ENABLE_SGPR_PRIVATE_SEGMENT_SIZE: "private segment size"}
 DENORM_FLUSH_IN_OUT, DENORM_FLUSH_OUT, DENORM_FLUSH_IN, DENORM_KEEP = 0, 1, 2, 3  # FLOAT_DENORM_MODE values
 
 
@@ -95,57 +102,15 @@ class MockUnsupported(RDNA3Fault, NotImplementedError):
         super().__init__(f"{mnemonic}: not implemented by the RDNA3 interpreter{more}")
 
 
-# ---------------------------------------------------------------------- kernel descriptor
-@dataclass(frozen=True)
-class KernelDescriptor:
-    """The 64-byte AMDHSA kernel descriptor fields the interpreter uses (AMDGPUUsage, "Kernel Descriptor")."""
+# ---------------------------------------------------------------------- kernel descriptor fields
+def vgpr_count(kd: KernelDescriptor) -> int:
+    """VGPRs per lane the descriptor allocates (rsrc1 GRANULATED_WORKITEM_VGPR_COUNT, wave32 granules)."""
+    return ((kd.compute_pgm_rsrc1 & RSRC1_VGPR_GRANULES_MASK) + 1) * VGPR_GRANULE_WAVE32
 
-    group_segment_fixed_size: int
-    private_segment_fixed_size: int
-    kernarg_size: int
-    kernel_code_entry_byte_offset: int
-    rsrc3: int
-    rsrc1: int
-    rsrc2: int
-    code_properties: int
 
-    @staticmethod
-    def parse(raw: bytes) -> KernelDescriptor:
-        if len(raw) < KD_SIZE:
-            raise ValueError(f"a kernel descriptor is {KD_SIZE} bytes, got {len(raw)}")
-        lds, scratch, kernarg = struct.unpack_from("<III", raw, 0)
-        (entry,) = struct.unpack_from("<q", raw, 16)
-        rsrc3, rsrc1, rsrc2 = struct.unpack_from("<III", raw, 44)
-        (props,) = struct.unpack_from("<H", raw, 56)
-        return KernelDescriptor(lds, scratch, kernarg, entry, rsrc3, rsrc1, rsrc2, props)
-
-    @property
-    def user_sgpr_count(self) -> int:
-        return (self.rsrc2 >> 1) & 0x1F  # rsrc2 USER_SGPR_COUNT, bits 5:1
-
-    @property
-    def workgroup_id_enabled(self) -> tuple[bool, bool, bool]:
-        return tuple(bool(self.rsrc2 >> b & 1) for b in (7, 8, 9))  # type: ignore[return-value]
-
-    @property
-    def workitem_id_dims(self) -> int:
-        return ((self.rsrc2 >> 11) & 3) + 1  # ENABLE_VGPR_WORKITEM_ID: 0 -> X, 1 -> X,Y, 2 -> X,Y,Z
-
-    @property
-    def vgpr_count(self) -> int:
-        return ((self.rsrc1 & 0x3F) + 1) * VGPR_GRANULE_WAVE32
-
-    @property
-    def denorm_mode_32(self) -> int:
-        return (self.rsrc1 >> 16) & 3
-
-    @property
-    def denorm_mode_16_64(self) -> int:
-        return (self.rsrc1 >> 18) & 3
-
-    @property
-    def wave32(self) -> bool:
-        return bool(self.code_properties & KCP_WAVE32)
+def denorm_modes(kd: KernelDescriptor) -> tuple[int, int]:
+    """(FLOAT_DENORM_MODE_32, FLOAT_DENORM_MODE_16_64) from rsrc1 bits 17:16 and 19:18."""
+    return (kd.compute_pgm_rsrc1 >> 16) & 3, (kd.compute_pgm_rsrc1 >> 18) & 3
 
 
 # ---------------------------------------------------------------------- global memory
@@ -245,6 +210,11 @@ class Program:
         self.image, self.entry, self.kd, self.name = bytes(image), entry, kd, name
         self._cache: dict[int, Instr] = {}
 
+    @staticmethod
+    def from_code_object(co: AMDCodeObject) -> Program:
+        """The kernel of a code object as rawgrad's loader (compiler/amdgpu_code.py) laid it out."""
+        return Program(co.image, co.entry_offset, co.descriptor, co.name)
+
     def at(self, pc: int) -> Instr:
         ins = self._cache.get(pc)
         if ins is None:
@@ -280,8 +250,7 @@ class _State:
         self.group = np.zeros(nwaves, np.int64)  # workgroup of each wave, as an index into lds
         self.lds = np.zeros((ngroups, max(prog.kd.group_segment_fixed_size, 1)), np.uint8)
         self.lds_size = prog.kd.group_segment_fixed_size
-        self.dn32 = prog.kd.denorm_mode_32
-        self.dn16 = prog.kd.denorm_mode_16_64
+        self.dn32, self.dn16 = denorm_modes(prog.kd)
 
     def exec_mask(self, w: np.ndarray) -> np.ndarray:
         """bool[k, 32]: the lanes EXEC enables in each selected wave."""
@@ -339,9 +308,31 @@ def _fmin(a: Any, b: Any) -> np.ndarray:
     return np.where(pick_a, a, b)
 
 
+@dataclass(frozen=True)
+class _FloatFormat:
+    """Per-width constants of the divide helpers (RDNA3 ISA pseudocode of V_DIV_SCALE/FMAS/FIXUP_F32/F64)."""
+
+    dtype: Any
+    bits: Any  # the unsigned type of the same width
+    mant: int  # stored mantissa bits
+    bias: int  # exponent bias
+    scale: int  # div_scale / div_fmas scale exponent: 64 for f32, 128 for f64
+    big_gap: int  # exponent(N) - exponent(D) at which the quotient nears the largest finite value
+    tiny_num: int  # exponent(N) at or below which the numerator is scaled up
+
+
+_F32_FMT = _FloatFormat(np.float32, np.uint32, 23, 127, 64, 96, 23)
+_F64_FMT = _FloatFormat(np.float64, np.uint64, 52, 1023, 128, 768, 53)
+
+
+def _exponent(x: np.ndarray, fmt: _FloatFormat = _F32_FMT) -> np.ndarray:
+    """The biased exponent field (the ISA pseudocode's exponent())."""
+    b = np.ascontiguousarray(np.asarray(x, fmt.dtype)).view(fmt.bits)
+    return ((b >> fmt.bits(fmt.mant)) & fmt.bits(2 * fmt.bias + 1)).astype(np.int64)
+
+
 def _exponent32(x: np.ndarray) -> np.ndarray:
-    """The biased exponent field of float32 values (the ISA pseudocode's exponent())."""
-    return ((np.asarray(x, np.float32).view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
+    return _exponent(x, _F32_FMT)
 
 
 def _cvt_f2i(x: np.ndarray, lo: float, hi: float, dtype: Any) -> np.ndarray:
@@ -351,19 +342,19 @@ def _cvt_f2i(x: np.ndarray, lo: float, hi: float, dtype: Any) -> np.ndarray:
         return np.clip(t, lo, hi).astype(dtype)
 
 
-def _div_scale(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """V_DIV_SCALE_F32 (RDNA3 ISA pseudocode): s0 is the value to scale (numerator or denominator), s1 the
-    denominator, s2 the numerator; returns (D, VCC bit)."""
-    d = s0.astype(np.float32).copy()
-    vcc = np.zeros(d.shape, bool)
-    s1_64, s2_64 = s1.astype(np.float64), s2.astype(np.float64)
-    tiny = np.finfo(np.float32).tiny
+def _div_scale(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray,
+               fmt: _FloatFormat = _F32_FMT) -> tuple[np.ndarray, np.ndarray]:
+    """V_DIV_SCALE_F32/F64 (RDNA3 ISA pseudocode): s0 is the value to scale (numerator or denominator), s1
+    the denominator, s2 the numerator; returns (D, VCC bit)."""
+    dt = fmt.dtype
+    d = s0.astype(dt).copy()
+    tiny = np.finfo(dt).tiny
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
-        inv = 1.0 / s1_64
-        q = (s2 / s1).astype(np.float32)
-    e1, e2 = _exponent32(s1), _exponent32(s2)
-    zero = (s2_64 == 0) | (s1_64 == 0)
-    big = ~zero & (e2 - e1 >= 96)
+        inv = (1.0 / s1.astype(np.float64)).astype(dt) if dt is np.float32 else 1.0 / s1
+        q = (s2 / s1).astype(dt)
+    e1, e2 = _exponent(s1, fmt), _exponent(s2, fmt)
+    zero = (s2 == 0) | (s1 == 0)
+    big = ~zero & (e2 - e1 >= fmt.big_gap)
     s1_den = ~zero & ~big & (np.abs(s1) < tiny)
     rest = ~zero & ~big & ~s1_den
     inv_den = np.abs(inv) < tiny
@@ -371,46 +362,91 @@ def _div_scale(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> tuple[np.ndarr
     c4 = rest & inv_den & q_den
     c5 = rest & ~c4 & inv_den
     c6 = rest & ~inv_den & q_den
-    c7 = rest & ~inv_den & ~q_den & (e2 <= 23)
-    up = np.ldexp(s0.astype(np.float32), 64)
-    d = np.where(zero, np.float32(np.nan), d)
+    c7 = rest & ~inv_den & ~q_den & (e2 <= fmt.tiny_num)
+    with np.errstate(over="ignore", under="ignore"):
+        up = np.ldexp(s0.astype(dt), fmt.scale).astype(dt)
+        down = np.ldexp(s0.astype(dt), -fmt.scale).astype(dt)
+    d = np.where(zero, dt(np.nan), d)
     d = np.where((big | c4) & (s0 == s1), up, d)
     d = np.where(s1_den | c7, up, d)
-    d = np.where(c5, np.ldexp(s0.astype(np.float32), -64), d)
+    d = np.where(c5, down, d)
     d = np.where(c6 & (s0 == s2), up, d)
-    vcc |= big | c4 | c6
-    return d.astype(np.float32), vcc
+    return d.astype(dt), big | c4 | c6
 
 
-def _div_fixup(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
-    """V_DIV_FIXUP_F32: s0 the quotient, s1 the denominator, s2 the numerator; special cases per the ISA."""
+def _div_fmas_scale(r: np.ndarray, s2: np.ndarray, vcc: np.ndarray, fmt: _FloatFormat) -> np.ndarray:
+    """V_DIV_FMAS: where VCC is set, scale the fma result by 2^scale if exponent(S2) > bias, else 2^-scale
+    (the ISA manual's pseudocode as corrected in tinygrad's emulator; it undoes div_scale's scaling)."""
+    up = _exponent(s2, fmt) > fmt.bias
+    with np.errstate(over="ignore", under="ignore"):
+        scaled = np.where(up, np.ldexp(r, fmt.scale), np.ldexp(r, -fmt.scale)).astype(fmt.dtype)
+    return np.where(vcc, scaled, r)
+
+
+def _div_fixup(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray, fmt: _FloatFormat = _F32_FMT) -> np.ndarray:
+    """V_DIV_FIXUP_F32/F64: s0 the quotient, s1 the denominator, s2 the numerator; the ISA special cases."""
+    dt = fmt.dtype
     sign = np.signbit(s1) ^ np.signbit(s2)
-    inf = np.where(sign, np.float32(-np.inf), np.float32(np.inf))
-    zero = np.where(sign, np.float32(-0.0), np.float32(0.0))
+    inf = np.where(sign, dt(-np.inf), dt(np.inf))
+    zero = np.where(sign, dt(-0.0), dt(0.0))
     mag = np.abs(s0)
-    d = np.where(np.isnan(s0), inf, np.where(sign, -mag, mag)).astype(np.float32)
-    e1, e2 = _exponent32(s1), _exponent32(s2)
-    d = np.where(~np.isnan(s1) & ~np.isnan(s2) & (e2 - e1 < -150) & (s2 != 0) & ~np.isinf(s1), zero, d)
+    d = np.where(np.isnan(s0), inf, np.where(sign, -mag, mag)).astype(dt)
+    e1, e2 = _exponent(s1, fmt), _exponent(s2, fmt)
+    underflow = -(fmt.bias + fmt.mant)  # exponent gap below which the quotient rounds to zero
+    d = np.where(~np.isnan(s1) & ~np.isnan(s2) & (e2 - e1 < underflow) & (s2 != 0) & ~np.isinf(s1), zero, d)
     d = np.where(np.isinf(s1) & ~np.isinf(s2) | (s2 == 0) & (s1 != 0), zero, d)
     d = np.where((s1 == 0) & (s2 != 0) | np.isinf(s2) & ~np.isinf(s1), inf, d)
-    d = np.where((s1 == 0) & (s2 == 0) | np.isinf(s1) & np.isinf(s2), np.float32(np.nan), d)
+    d = np.where((s1 == 0) & (s2 == 0) | np.isinf(s1) & np.isinf(s2), dt(np.nan), d)
     d = np.where(np.isnan(s1), s1, d)
     d = np.where(np.isnan(s2), s2, d)
-    return d.astype(np.float32)
+    return d.astype(dt)
 
 
 def _cmp_class(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """V_CMP_CLASS_F32: is x in one of the classes set in mask (bit 0 signaling NaN, 1 quiet NaN, 2 -inf,
-    3 -normal, 4 -subnormal, 5 -0, 6 +0, 7 +subnormal, 8 +normal, 9 +inf)."""
-    bits = x.astype(np.float32).view(np.uint32)
+    """V_CMP_CLASS_F16/F32/F64: is x in one of the classes set in mask (bit 0 signaling NaN, 1 quiet NaN,
+    2 -inf, 3 -normal, 4 -subnormal, 5 -0, 6 +0, 7 +subnormal, 8 +normal, 9 +inf)."""
+    fi = np.finfo(x.dtype)
+    ubits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize]
+    bits = np.ascontiguousarray(x).view(ubits)
     nan = np.isnan(x)
-    quiet = (bits >> np.uint32(22)) & np.uint32(1)
+    quiet = (bits >> ubits(fi.nmant - 1)) & ubits(1)  # the top mantissa bit marks a quiet NaN
     neg = np.signbit(x)
-    sub = (np.abs(x) < np.finfo(np.float32).tiny) & (x != 0)
+    sub = (np.abs(x) < fi.tiny) & (x != 0)
     normal = np.isfinite(x) & ~sub & (x != 0)
     cls = np.select([nan & (quiet == 0), nan, np.isinf(x) & neg, normal & neg, sub & neg, (x == 0) & neg,
                      x == 0, sub, normal, np.isinf(x)], list(range(10)), 0).astype(np.uint32)
     return ((mask.astype(np.uint32) >> cls) & np.uint32(1)).astype(bool)
+
+
+def _fma64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Fused multiply-add rounded once to float64. Where Dekker's exact product shows a*b is representable,
+    a*b + c is one rounding already; elsewhere the exact sum is formed as a Fraction (CPython rounds
+    int / int correctly)."""
+    a, b, c = (np.asarray(v, np.float64) for v in np.broadcast_arrays(a, b, c))
+    with np.errstate(all="ignore"):
+        p = a * b
+        split = 134217729.0  # 2^27 + 1: Veltkamp split of a double into two 26-bit halves
+        ah = a * split - (a * split - a)
+        bh = b * split - (b * split - b)
+        al, bl = a - ah, b - bh
+        err = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+        out = p + c
+    slow = np.isfinite(a) & np.isfinite(b) & np.isfinite(c) & np.isfinite(p) & ~(err == 0)
+    for idx in zip(*np.nonzero(slow)):
+        exact = Fraction(float(a[idx])) * Fraction(float(b[idx])) + Fraction(float(c[idx]))
+        try:
+            out[idx] = float(exact) if exact != 0 else p[idx] + c[idx]
+        except OverflowError:
+            out[idx] = np.inf if exact > 0 else -np.inf
+    return out
+
+
+def _bitrev32(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.uint32)
+    for shift, mask in ((1, 0x55555555), (2, 0x33333333), (4, 0x0F0F0F0F), (8, 0x00FF00FF)):
+        m, sh = np.uint32(mask), np.uint32(shift)
+        x = ((x >> sh) & m) | ((x & m) << sh)
+    return (x >> np.uint32(16)) | (x << np.uint32(16))
 
 
 # ---------------------------------------------------------------------- VALU semantics
@@ -464,11 +500,33 @@ _VALU: dict[str, _VOp] = {
     "v_ldexp_f32": _VOp("f32", ("f32", "i32"), lambda a, e: np.ldexp(a, np.clip(e, -400, 400)).astype(_F32)),
     "v_div_fmas_f32": _f(lambda a, b, c: _fma32(a, b, c), 3),  # the VCC scaling is applied in _valu
     "v_div_fixup_f32": _f(_div_fixup, 3),
+    "v_add_f64": _f(lambda a, b: a + b, 2, "f64"),
+    "v_mul_f64": _f(lambda a, b: a * b, 2, "f64"),
+    "v_fma_f64": _f(_fma64, 3, "f64"),
+    "v_max_f64": _f(_fmax, 2, "f64"),
+    "v_min_f64": _f(_fmin, 2, "f64"),
+    "v_floor_f64": _f(np.floor, 1, "f64"),
+    "v_ceil_f64": _f(np.ceil, 1, "f64"),
+    "v_trunc_f64": _f(np.trunc, 1, "f64"),
+    "v_rndne_f64": _f(np.rint, 1, "f64"),
+    "v_sqrt_f64": _f(np.sqrt, 1, "f64"),
+    "v_rcp_f64": _f(lambda a: 1.0 / a, 1, "f64"),
+    "v_rsq_f64": _f(lambda a: 1.0 / np.sqrt(a), 1, "f64"),
+    "v_ldexp_f64": _VOp("f64", ("f64", "i32"), lambda a, e: np.ldexp(a, np.clip(e, -2200, 2200))),
+    "v_div_fmas_f64": _f(_fma64, 3, "f64"),  # the VCC scaling is applied in _valu
+    "v_div_fixup_f64": _f(lambda a, b, c: _div_fixup(a, b, c, _F64_FMT), 3, "f64"),
+    "v_cvt_f32_f64": _VOp("f32", ("f64",), lambda a: a.astype(_F32)),
+    "v_cvt_f64_f32": _VOp("f64", ("f32",), lambda a: a.astype(np.float64)),
+    "v_cvt_f64_i32": _VOp("f64", ("i32",), lambda a: a.astype(np.float64)),
+    "v_cvt_f64_u32": _VOp("f64", ("u32",), lambda a: a.astype(np.float64)),
+    "v_cvt_i32_f64": _VOp("i32", ("f64",), lambda a: _cvt_f2i(a, -2.0**31, 2.0**31 - 1, np.int32)),
+    "v_cvt_u32_f64": _VOp("u32", ("f64",), lambda a: _cvt_f2i(a, 0.0, 2.0**32 - 1, np.uint32)),
     "v_add_f16": _f(lambda a, b: a + b, 2, "f16"),
     "v_sub_f16": _f(lambda a, b: a - b, 2, "f16"),
     "v_mul_f16": _f(lambda a, b: a * b, 2, "f16"),
     "v_max_f16": _f(_fmax, 2, "f16"),
     "v_min_f16": _f(_fmin, 2, "f16"),
+    "v_mov_b16": _VOp("u16", ("u16",), lambda a: a),
     "v_cvt_f16_f32": _VOp("f16", ("f32",), lambda a: a.astype(np.float16)),
     "v_cvt_f32_f16": _VOp("f32", ("f16",), lambda a: a.astype(_F32)),
     "v_cvt_f32_i32": _VOp("f32", ("i32",), lambda a: a.astype(_F32)),
@@ -509,6 +567,17 @@ _VALU: dict[str, _VOp] = {
     "v_lshlrev_b64": _VOp("b64", ("u32", "b64"), lambda a, b: b << (a & np.uint32(63)).astype(np.uint64)),
     "v_lshrrev_b64": _VOp("b64", ("u32", "b64"), lambda a, b: b >> (a & np.uint32(63)).astype(np.uint64)),
     "v_ashrrev_i64": _VOp("i64", ("u32", "i64"), lambda a, b: b >> (a & np.uint32(63)).astype(np.int64)),
+    "v_alignbit_b32": _u(lambda a, b, c: (((a.astype(np.uint64) << np.uint64(32)) | b.astype(np.uint64))
+                                          >> _sh(c).astype(np.uint64)).astype(np.uint32), 3, "b32"),
+    "v_bfrev_b32": _u(_bitrev32, 1, "b32"),
+    "v_xor3_b32": _u(lambda a, b, c: a ^ b ^ c, 3, "b32"),
+    "v_xad_u32": _u(lambda a, b, c: (a ^ b) + c, 3),
+    "v_max3_i32": _VOp("i32", ("i32",) * 3, lambda a, b, c: np.maximum(np.maximum(a, b), c)),
+    "v_min3_i32": _VOp("i32", ("i32",) * 3, lambda a, b, c: np.minimum(np.minimum(a, b), c)),
+    "v_max3_u32": _u(lambda a, b, c: np.maximum(np.maximum(a, b), c), 3),
+    "v_min3_u32": _u(lambda a, b, c: np.minimum(np.minimum(a, b), c), 3),
+    "v_mul_hi_i32": _VOp("i32", ("i32", "i32"), lambda a, b: ((a.astype(np.int64) * b.astype(np.int64))
+                                                             >> np.int64(32)).astype(np.int32)),
 }
 
 # compares: v_cmp[x]_<op>_<type>; `n*` are the negated ordered float compares (true when unordered)
@@ -531,8 +600,8 @@ def _compare_op(base: str) -> tuple[str, Callable[..., Any], bool] | None:
             op, _, ty = rest.rpartition("_")
             if ty in _CMP_TYPES and op in _CMP_OPS:
                 return ty, _CMP_OPS[op], to_exec
-            if op == "class" and ty == "f32":
-                return "class", _cmp_class, to_exec
+            if op == "class" and ty in ("f16", "f32", "f64"):
+                return "class_" + ty, _cmp_class, to_exec
     return None
 
 
@@ -550,9 +619,12 @@ def _const_bits(op: Operand, ty: str) -> int:
     if op.kind == "literal":
         lit = int(op.value)
         if width == 64:
+            # a 32-bit literal of a double operand is its high half; for integer operands the hardware
+            # sign-extends it for signed and zero-extends it for unsigned operands (LLVM SIInstrInfo,
+            # isOperandLegal: it encodes only literals both readings agree on unless it knows the sign)
             if ty == "f64":
-                return lit << 32  # a 32-bit literal of a double operand is its high half
-            raise MockUnsupported("literal", f"a 32-bit literal as the 64-bit integer operand of type {ty}")
+                return lit << 32
+            return (lit - (1 << 32) if ty == "i64" and lit >> 31 else lit) & ((1 << 64) - 1)
         return lit & ((1 << width) - 1)
     raise MockUnsupported(str(op), f"operand kind {op.kind}")
 
@@ -635,7 +707,7 @@ def _write_s64(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
 
 # ---------------------------------------------------------------------- VALU execution
 _VOP3SD = {"v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32",
-           "v_subrev_co_ci_u32", "v_div_scale_f32", "v_mad_u64_u32", "v_mad_i64_i32"}
+           "v_subrev_co_ci_u32", "v_div_scale_f32", "v_div_scale_f64", "v_mad_u64_u32", "v_mad_i64_i32"}
 
 
 def _sources(ins: Instr, half: str = "") -> list[Operand]:
@@ -662,9 +734,10 @@ def _mods(ins: Instr, base: str) -> tuple[int, int, int]:
 def _read_src(st: _State, ins: Instr, op: Operand, ty: str, w: np.ndarray, k: int, base: str) -> np.ndarray:
     """Source k of the instruction as a typed array, with VOP3 abs/neg/opsel applied (float types only)."""
     ab, ng, opsel = _mods(ins, base)
+    hi = bool(opsel >> k & 1)
     if op.kind == "vgpr" and ins.fmt in ("VOP1", "VOP2", "VOPC") and _WIDTH[ty] == 16 and op.index >= 128:
-        raise MockUnsupported(ins.name, "a 16-bit operand in the high half of a VGPR (true16 .h encoding)")
-    x = _typed(_read_bits(st, op, ty, w, hi=bool(opsel >> k & 1)), ty)
+        op, hi = Operand("vgpr", op.index - 128), True  # 16-bit VOP1/2/C operands: VGPR bit 7 picks .h
+    x = _typed(_read_bits(st, op, ty, w, hi=hi), ty)
     if (ab | ng) >> k & 1:
         if ty not in _FLOAT_TYPES:
             raise MockUnsupported(ins.name, f"abs/neg modifier on integer source {k}")
@@ -677,7 +750,26 @@ def _read_src(st: _State, ins: Instr, op: Operand, ty: str, w: np.ndarray, k: in
     return x
 
 
+def _mix_source(st: _State, ins: Instr, op: Operand, w: np.ndarray, k: int) -> np.ndarray:
+    """Source k of a v_fma_mix* (VOP3P): op_sel_hi bit k set -> a float16 from the half op_sel bit k picks,
+    converted to float32; clear -> the full float32. neg_hi is |x| for these ops, neg negates."""
+    f = ins.fields
+    opsel_hi = f["opsel_hi"] | (f["opsel_hi2"] << 2)
+    if opsel_hi >> k & 1:
+        x = _typed(_read_bits(st, op, "f16", w, hi=bool(f["opsel"] >> k & 1)), "f16")
+        x = _flush(x, st.dn16, inputs=True).astype(np.float32)
+    else:
+        x = _flush(_typed(_read_bits(st, op, "f32", w), "f32"), st.dn32, inputs=True)
+    if f["neg_hi"] >> k & 1:
+        x = np.abs(x)
+    if f["neg"] >> k & 1:
+        x = -x
+    return x
+
+
 def _finish_float(st: _State, ins: Instr, r: np.ndarray, ty: str) -> np.ndarray:
+    if ins.fmt == "VOP3P" and ins.fields["clamp"]:
+        r = np.clip(r, 0, 1).astype(r.dtype)
     if ins.fmt == "VOP3":
         if ins.fields["omod"]:
             raise MockUnsupported(ins.name, "output modifier (omod)")
@@ -694,16 +786,17 @@ def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
     f = ins.fields
     srcs = _sources(ins, half)
     vdst = f[f"vdst{half}"] if ins.fmt == "VOPD" else f.get("vdst", 0)
-    if ins.fmt == "VOP3" and base not in _VOP3SD and (ins.fields["opsel"] >> 3) & 1:
-        dst_hi = True
-    else:
-        dst_hi = False
+    dst_hi = ins.fmt == "VOP3" and base not in _VOP3SD and bool((ins.fields["opsel"] >> 3) & 1)
+    op16 = _VALU.get(base)
+    if ins.fmt in ("VOP1", "VOP2") and vdst >= 128 and (base == "v_cndmask_b16" or (
+            op16 is not None and _WIDTH.get(op16.dst) == 16)):
+        vdst, dst_hi = vdst - 128, True  # a 16-bit VOP1/2 result: VGPR bit 7 picks .h
 
     cmp = _compare_op(base)
     if cmp is not None:
         ty, pred, to_exec = cmp
-        if ty == "class":
-            a = _read_src(st, ins, srcs[0], "f32", w, 0, base)
+        if ty.startswith("class_"):
+            a = _read_src(st, ins, srcs[0], ty[len("class_"):], w, 0, base)
             b = _read_src(st, ins, srcs[1], "u32", w, 1, base)
             res = pred(a, b)
         else:
@@ -715,17 +808,30 @@ def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
         dst = EXEC_LO if to_exec else (VCC_LO if ins.fmt == "VOPC" else f["vdst"])
         return lambda: _write_s(st, dst, w, bits)
 
-    if base == "v_cndmask_b32":
+    if base in ("v_cndmask_b32", "v_cndmask_b16"):
+        # VOP3 modifiers on cndmask act on the float interpretation of its sources (|x| clears the sign bit)
+        wide = base == "v_cndmask_b32"
+        ty, uty = ("f32", np.uint32) if wide else ("f16", np.uint16)
         sel_reg = VCC_LO if ins.fmt in ("VOP2", "VOPD") else None
-        a = _read_src(st, ins, srcs[0], "f32" if ins.fmt == "VOP3" else "b32", w, 0, base)
-        b = _read_src(st, ins, srcs[1], "f32" if ins.fmt == "VOP3" else "b32", w, 1, base)
+        a = _read_src(st, ins, srcs[0], ty if ins.fmt == "VOP3" else ("b32" if wide else "u16"), w, 0, base)
+        b = _read_src(st, ins, srcs[1], ty if ins.fmt == "VOP3" else ("b32" if wide else "u16"), w, 1, base)
         if sel_reg is None:
             if srcs[2].kind != "sgpr":
                 raise MockUnsupported(ins.name, f"lane mask from {srcs[2]}")
             sel_reg = srcs[2].index
         sel = st.mask_of(sel_reg, w)
-        r = np.where(sel, b.view(np.uint32), a.view(np.uint32))
-        return lambda: _write_v(st, vdst, w, r, "b32", lanes)
+        r = np.where(sel, b.view(uty), a.view(uty))
+        return lambda: _write_v(st, vdst, w, r, "b32" if wide else "u16", lanes, hi=dst_hi)
+
+    if base in ("v_fma_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16"):
+        vals = [_mix_source(st, ins, srcs[k], w, k) for k in range(3)]
+        r32 = _fma32(*vals)
+        if base == "v_fma_mix_f32":
+            r32 = _finish_float(st, ins, r32, "f32")
+            return lambda: _write_v(st, vdst, w, np.broadcast_to(r32, lanes.shape), "f32", lanes)
+        r16 = _flush(r32.astype(np.float16), st.dn16, inputs=False)
+        hi = base == "v_fma_mixhi_f16"
+        return lambda: _write_v(st, vdst, w, np.broadcast_to(r16, lanes.shape), "f16", lanes, hi=hi)
 
     if base in ("v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32",
                 "v_subrev_co_ci_u32"):
@@ -768,13 +874,15 @@ def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
             _write_s(st, f["sdst"], w, cbits)
         return wb
 
-    if base == "v_div_scale_f32":
-        a, b, c = (_read_src(st, ins, srcs[k], "f32", w, k, base) for k in range(3))
-        d, vcc = _div_scale(*np.broadcast_arrays(a, b, c))
+    if base in ("v_div_scale_f32", "v_div_scale_f64"):
+        fty, fmt = ("f32", _F32_FMT) if base.endswith("f32") else ("f64", _F64_FMT)
+        a, b, c = (_read_src(st, ins, srcs[k], fty, w, k, base) for k in range(3))
+        a, b, c = np.broadcast_arrays(a, b, c)
+        d, vcc = _div_scale(a, b, c, fmt)
         vbits = _pack_mask(np.broadcast_to(vcc, lanes.shape) & lanes)
 
         def wb() -> None:
-            _write_v(st, vdst, w, d, "f32", lanes)
+            _write_v(st, vdst, w, d, fty, lanes)
             _write_s(st, f["sdst"], w, vbits)
         return wb
 
@@ -796,10 +904,9 @@ def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
         vals.append(_typed(_read_bits(st, Operand("vgpr", vdst), op.dst, w), op.dst))
     with np.errstate(all="ignore"):
         r = op.fn(*vals)
-        if base == "v_div_fmas_f32":
-            vcc = st.mask_of(VCC_LO, w)
-            scale = np.where(_exponent32(vals[2]) > 127, np.float32(2.0**64), np.float32(2.0**-64))
-            r = np.where(vcc, (r.astype(np.float64) * scale).astype(np.float32), r)
+        if base in ("v_div_fmas_f32", "v_div_fmas_f64"):
+            r = _div_fmas_scale(np.asarray(r), vals[2], st.mask_of(VCC_LO, w),
+                                _F32_FMT if base.endswith("f32") else _F64_FMT)
     if op.dst in _FLOAT_TYPES:
         r = _finish_float(st, ins, np.asarray(r, _FLOAT_TYPES[op.dst]), op.dst)
     elif ins.fmt == "VOP3" and (ins.fields["clamp"] or ins.fields["omod"]):
@@ -824,7 +931,8 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
             _write_s(st, f["sdst"], w, np.full(len(w), imm, np.int32).view(np.uint32))
             return
         raise MockUnsupported(ins.name)
-    a = _s_src(st, ins.src("ssrc0"), w, 64 if base.endswith("_b64") else 32)
+    wide = base.endswith(("_b64", "_u64", "_i64"))
+    a = _s_src(st, ins.src("ssrc0"), w, 64 if wide else 32)
     if ins.fmt == "SOP1":
         if base == "s_mov_b32":
             _write_s(st, f["sdst"], w, a)
@@ -846,9 +954,14 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         else:
             raise MockUnsupported(ins.name)
         return
-    wide = base.endswith("_b64")
     b_width = 32 if base in ("s_lshl_b64", "s_lshr_b64", "s_ashr_i64") else (64 if wide else 32)
     b = _s_src(st, ins.src("ssrc1"), w, b_width)
+    if ins.fmt == "SOPC" and wide:
+        preds64 = {"s_cmp_eq_u64": a == b, "s_cmp_lg_u64": a != b}
+        if base not in preds64:
+            raise MockUnsupported(ins.name)
+        st.scc[w] = preds64[base].astype(np.uint32)
+        return
     if ins.fmt == "SOPC":
         ai, bi = a.view(np.int32), b.view(np.int32)
         preds = {"s_cmp_eq_i32": ai == bi, "s_cmp_lg_i32": ai != bi, "s_cmp_gt_i32": ai > bi,
@@ -1077,6 +1190,22 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         words = np.stack([st.v[f["data0"] + r][w[sel[0]], sel[1]] for r in range(max(size // 4, 1))], axis=1)
         st.lds[rows, cols] = words.astype(np.uint32).view(np.uint8).reshape(len(a0), -1)[:, :size]
         return
+    if base in ("ds_bpermute_b32", "ds_permute_b32"):
+        # lanes exchange through the LDS crossbar (no LDS memory is touched): bpermute lane i reads data0 of
+        # lane ((addr[i] + offset) / 4) mod 32; permute lane i writes its data0 to that lane. Inactive lanes
+        # contribute 0 (RDNA3 ISA, DS_BPERMUTE_B32 / DS_PERMUTE_B32)
+        addr = ((st.v[f["addr"]][w].astype(np.int64) + off16) >> 2) % WAVE
+        data = np.where(lanes, st.v[f["data0"]][w], np.uint32(0))
+        rows = np.arange(len(w))[:, None]
+        if base == "ds_bpermute_b32":
+            got = data[rows, addr]
+        else:
+            got = np.zeros_like(data)
+            rr, ll = np.nonzero(lanes)
+            got[rr, addr[rr, ll]] = data[rr, ll]
+        cur = st.v[f["vdst"]][w]
+        st.v[f["vdst"]][w] = np.where(lanes, got, cur)
+        return
     two = {"ds_load_2addr_b32": (4, 4, True), "ds_load_2addr_stride64_b32": (4, 256, True),
            "ds_store_2addr_b32": (4, 4, False), "ds_store_2addr_stride64_b32": (4, 256, False),
            "ds_load_2addr_b64": (8, 8, True), "ds_store_2addr_b64": (8, 8, False)}
@@ -1111,7 +1240,7 @@ def _step(st: _State, ins: Instr, w: np.ndarray) -> None:
         _salu(st, ins, w, base)
     elif fmt == "SMEM":
         _smem(st, ins, w, base)
-    elif fmt in ("VOP1", "VOP2", "VOPC", "VOP3"):
+    elif fmt in ("VOP1", "VOP2", "VOPC", "VOP3", "VOP3P"):
         _valu(st, ins, w, base, mnemonic)()
     elif fmt == "VOPD":
         if ins.mnemonic_y is None:
@@ -1136,14 +1265,14 @@ def _init_waves(st: _State, kd: KernelDescriptor, kernarg_va: int, groups: list[
     ids = np.arange(nthreads)
     tx, ty, tz = ids % local[0], (ids // local[0]) % local[1], ids // (local[0] * local[1])
     packed = (tx | (ty << WORKITEM_ID_BITS) | (tz << 2 * WORKITEM_ID_BITS)).astype(np.uint32)
-    if kd.workitem_id_dims < 2:
+    if kd.workitem_id_dims == 0:  # only X enabled: Y and Z read as 0
         packed &= np.uint32((1 << WORKITEM_ID_BITS) - 1)
-    elif kd.workitem_id_dims < 3:
+    elif kd.workitem_id_dims == 1:
         packed &= np.uint32((1 << 2 * WORKITEM_ID_BITS) - 1)
     padded = np.zeros(wpg * WAVE, np.uint32)
     padded[:nthreads] = packed
     user = 0
-    props = kd.code_properties
+    props = kd.kernel_code_properties
     for bit, what in _UNSUPPORTED_USER_SGPRS.items():
         if props & bit:
             raise MockUnsupported("launch", f"kernel descriptor asks for the {what} user SGPRs")
@@ -1151,7 +1280,7 @@ def _init_waves(st: _State, kd: KernelDescriptor, kernarg_va: int, groups: list[
         for k in range(wpg):
             wv = g * wpg + k
             st.group[wv] = g
-            if props & KCP_KERNARG_PTR:
+            if props & KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR:
                 st.s[wv, user] = kernarg_va & 0xFFFFFFFF
                 st.s[wv, user + 1] = kernarg_va >> 32
             nxt = kd.user_sgpr_count  # system SGPRs start right after the USER_SGPR_COUNT user SGPRs
@@ -1182,9 +1311,9 @@ def run(program: Program, memory: MemoryMap, kernarg: bytes, grid: tuple[int, in
     if kd.private_segment_fixed_size:
         raise MockUnsupported("launch", "scratch (private segment) memory")
     for dim in (1, 2):
-        if local[dim] > 1 and kd.workitem_id_dims <= dim:
+        if local[dim] > 1 and kd.workitem_id_dims < dim:
             raise RDNA3Fault(f"{program.name}: local size {local} but the descriptor enables work-item ids "
-                             f"for {kd.workitem_id_dims} dimension(s) only")
+                             f"for {kd.workitem_id_dims + 1} dimension(s) only")
     nthreads = local[0] * local[1] * local[2]
     wpg = -(-nthreads // WAVE)
     all_groups = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
@@ -1195,7 +1324,7 @@ def run(program: Program, memory: MemoryMap, kernarg: bytes, grid: tuple[int, in
     try:
         for start in range(0, len(all_groups), per_batch):
             groups = all_groups[start:start + per_batch]
-            st = _State(program, memory, len(groups) * wpg, kd.vgpr_count, len(groups))
+            st = _State(program, memory, len(groups) * wpg, vgpr_count(kd), len(groups))
             _init_waves(st, kd, kernarg_va, groups, local)
             stats.waves += len(groups) * wpg
             _run_batch(st, max_steps - stats.steps, stats)

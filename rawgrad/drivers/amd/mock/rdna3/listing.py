@@ -40,21 +40,36 @@ def kernel_code(obj: bytes, name: str) -> KernelCode:
     raise AlignmentError(f"no function symbol {name!r} in .text")
 
 
+ALIGN = ".p2align"  # a listing entry [ALIGN, "k"]: the code is padded to a 2^k-byte boundary here
+S_NOP_0 = 0xBF800000  # `s_nop 0`: the word LLVM's AMDGPU assembler pads code alignment with (SOPP opcode 0)
+
+
 def listing_mnemonics(asm: str, name: str) -> list[list[str]]:
     """The mnemonics of kernel `name`'s instructions in an assembly listing, one list per instruction (two for
-    a VOPD line 'v_dual_a ... :: v_dual_b ...'), from the label `name:` to `.Lfunc_end`."""
+    a VOPD line 'v_dual_a ... :: v_dual_b ...'), from the label `name:` to `.Lfunc_end`. A `.p2align k`
+    inside the function (loop headers) appears as [ALIGN, "k"]: the object has s_nop padding there that the
+    listing does not print."""
     lines = asm.splitlines()
     try:
         start = lines.index(f"{name}:") + 1
     except ValueError:
         raise AlignmentError(f"no label {name!r}: in the listing") from None
     out: list[list[str]] = []
+    in_text = True  # the kernel descriptor block (.section .rodata) sits between the code and .Lfunc_end
     for raw in lines[start:]:
         line = raw.split(";")[0].strip()
         if line.startswith(".Lfunc_end"):
             return out
+        if line.startswith((".section", ".text")):
+            in_text = line == ".text" or line.split()[1].split(",")[0] == ".text"
+            continue
+        if not in_text:
+            continue
+        if line.startswith(ALIGN + " ") or line.startswith(ALIGN + "\t"):
+            out.append([ALIGN, line[len(ALIGN):].split(",")[0].strip()])
+            continue
         if not line or line.startswith(".") or line.endswith(":"):
-            continue  # directives and branch-target labels
+            continue  # other directives and branch-target labels
         out.append([part.split()[0] for part in line.split("::")])
     raise AlignmentError(f"kernel {name!r} has no .Lfunc_end in the listing")
 
@@ -66,16 +81,42 @@ def _keys(ins: Instr) -> list[tuple[str, int]]:
     return [(ins.fmt, ins.op)]
 
 
-def aligned_keys(obj: bytes, asm: str, name: str) -> list[tuple[tuple[str, int], str]]:
-    """Zip the decoded instructions of kernel `name` with the listing: ((format, opcode), mnemonic) for every
-    instruction (both halves of VOPD). Raises AlignmentError if the counts differ."""
+def zipped(obj: bytes, asm: str, name: str) -> list[tuple[Instr, list[str]]]:
+    """Each decoded instruction of kernel `name` with the mnemonics the listing prints for it. Alignment
+    padding gets ["s_nop"] after checking every padding word is `s_nop 0` and that it ends on the boundary.
+    Raises AlignmentError when the two disagree on the number of instructions."""
     code = kernel_code(obj, name)
     decoded = decode_all(code.text, code.start, code.end)
     printed = listing_mnemonics(asm, name)
-    if len(decoded) != len(printed):
-        raise AlignmentError(f"{name}: decoded {len(decoded)} instructions, the listing has {len(printed)}")
+    out: list[tuple[Instr, list[str]]] = []
+    i = consumed = padding = 0
+    for names in printed:
+        if names[0] == ALIGN:
+            unit = 1 << int(names[1])
+            while i < len(decoded) and (decoded[i].pc - code.start) % unit:
+                if decoded[i].words != (S_NOP_0,):
+                    raise AlignmentError(f"{name}: pc {decoded[i].pc:#x}: alignment padding is "
+                                         f"{decoded[i].words}, not s_nop 0")
+                out.append((decoded[i], ["s_nop"]))
+                i += 1
+                padding += 1
+            continue
+        if i == len(decoded):
+            break
+        out.append((decoded[i], names))
+        i += 1
+        consumed += 1
+    printed_count = sum(names[0] != ALIGN for names in printed)
+    if i != len(decoded) or consumed != printed_count:
+        raise AlignmentError(f"{name}: decoded {len(decoded)} instructions, the listing has {printed_count} "
+                             f"(+{padding} alignment padding)")
+    return out
+
+
+def aligned_keys(obj: bytes, asm: str, name: str) -> list[tuple[tuple[str, int], str]]:
+    """((format, opcode), mnemonic) for every instruction of kernel `name` (both halves of VOPD)."""
     out: list[tuple[tuple[str, int], str]] = []
-    for ins, names in zip(decoded, printed):
+    for ins, names in zipped(obj, asm, name):
         keys = _keys(ins)
         if len(keys) != len(names):
             raise AlignmentError(f"{name}: pc {ins.pc:#x} decodes as {ins.fmt} but the listing prints "
@@ -85,12 +126,10 @@ def aligned_keys(obj: bytes, asm: str, name: str) -> list[tuple[tuple[str, int],
 
 
 def mismatches(obj: bytes, asm: str, name: str) -> list[str]:
-    """Every instruction where our decoder's mnemonic differs from LLVM's listing ('' when all agree)."""
-    code = kernel_code(obj, name)
-    decoded = decode_all(code.text, code.start, code.end)
-    printed = listing_mnemonics(asm, name)
-    if len(decoded) != len(printed):
-        return [f"{name}: decoded {len(decoded)} instructions, the listing has {len(printed)}"]
+    """Every instruction where our decoder's mnemonic differs from LLVM's listing (empty when all agree)."""
+    try:
+        pairs = zipped(obj, asm, name)
+    except AlignmentError as e:
+        return [str(e)]
     return [f"{name}: pc {ins.pc:#x}: decoded {' :: '.join(ins.mnemonics())}, "
-            f"LLVM printed {' :: '.join(names)}"
-            for ins, names in zip(decoded, printed) if ins.mnemonics() != names]
+            f"LLVM printed {' :: '.join(names)}" for ins, names in pairs if ins.mnemonics() != names]
