@@ -30,7 +30,8 @@ def test_new_constants_reuse_the_compiled_kernel() -> None:
     for c in (0.38, -11.25, 1e-7, 3e38):  # (the last overflows to inf in some lanes)
         with np.errstate(over="ignore"):
             want = X * np.float32(c) + np.float32(2.5)
-        added = _kernels_for(lambda c=c: np.testing.assert_allclose((x * c + 2.5).numpy(), want, rtol=1e-6))
+        added = _kernels_for(lambda c=c, want=want: np.testing.assert_allclose((x * c + 2.5).numpy(), want,
+                                                                               rtol=1e-6))
         assert added == 0, f"x * {c} + 2.5 compiled a new kernel"
 
 
@@ -78,6 +79,9 @@ def test_captured_graph_keeps_each_kernels_constants(tmp_path: Path) -> None:
     for k in range(4):
         a = X + k
         np.testing.assert_allclose(f(Tensor(a)).numpy(), want(a), rtol=1e-6)
+    bound = [q for g in f.last._graphs for q in g.copies]  # type: ignore[union-attr]
+    live = {v for q in bound for p in q.patch_points for v in p.expr.variables()}
+    assert bound and not any(is_scalar_arg(v) for v in live), "a constant left as a per-replay patch point"
     path = tmp_path / "scalars.rgjit"
     f.save(str(path))
     code = textwrap.dedent(f"""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rawgrad.compiler.ir import UOp, Variable
+from rawgrad.hcq.patch import free_variables
 from rawgrad.hcq.profile import PROFILER, REPLAY
 from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
 
@@ -196,7 +197,7 @@ def _instantiate(template: QueueTemplate, device: HCQDevice, relocs: Mapping[UOp
     mask = (1 << template.word_bits) - 1
     dynamic: list[PatchPoint] = []
     for p in template.patches:
-        variables = p.expr.variables()
+        variables = free_variables(p.expr)  # a BIND (a kernel's float constant) is a value, not a variable
         if all(v in relocs for v in variables):
             words[p.index] |= (sym_eval(p.expr, relocs) >> p.shift) & mask
             continue
@@ -232,7 +233,7 @@ class HCQGraph:
         self.copies = [self.queue]  # bound copies, replayed in turn (see the module docstring)
         self._next_copy = 0
         self._profile_lock = threading.Lock()
-        self.patch_variables = sorted({v for p in self.queue.patch_points for v in p.expr.variables()},
+        self.patch_variables = sorted({v for p in self.queue.patch_points for v in free_variables(p.expr)},
                                       key=lambda v: v.arg)
 
     def submit(self, var_vals: Mapping[UOp, int]) -> int:

@@ -206,7 +206,7 @@ class _Renderer:
         return f"({value}) & {mask:#x}"
 
 
-def _free_variables(expr: UOp) -> set[UOp]:
+def free_variables(expr: UOp) -> set[UOp]:
     """The DEFINE_VARs `expr` reads from var_vals (a BIND carries its own value)."""
     found: set[UOp] = set()
     seen: set[UOp] = set()
@@ -232,7 +232,7 @@ def compile_word_writer(patches: Sequence[PatchPoint], word_bits: int) -> WordWr
     every variable first (so a missing or out-of-range one raises before any word is written), evaluates
     each distinct expression once, and for patch point `pos` whose word differs from `last[pos]` stores
     it into `last[pos]`, `words[index]` and `block[index]` (`block` may be a PatchHook)."""
-    variables = sorted({v for p in patches for v in _free_variables(p.expr)}, key=lambda v: v.arg)
+    variables = sorted({v for p in patches for v in free_variables(p.expr)}, key=lambda v: v.arg)
     env: dict[str, Any] = {"_c_div": _c_div, "_c_mod": _c_mod, "_missing_variable": _missing_variable,
                            "_checked_int": _checked_int, "int": int}
     body: list[str] = []

@@ -384,9 +384,9 @@ class _KernelBuilder:
 
     def visit(self, node: UOp, st: ShapeTracker, single: bool, above_reduce: bool) -> UOp:
         if node.base.op is Ops.CONST:
-            # a constant (and the movement ops over it) is not memoized: each use is its own argument, so which
-            # constants share an argument never depends on their values (equal constants are one hash-consed
-            # node, and sharing would make `x * 2.5 + y * 2.5` a different kernel from `x * 2.5 + y * 3.5`)
+            # a constant (and the movement ops over it) is not memoized: each use is its own argument, so
+            # which constants share an argument never depends on their values (equal constants are one
+            # hash-consed node; sharing would make `x * 2.5 + y * 2.5` another kernel than `x * 2.5 + y * 3`)
             return self._visit(node, st, single, above_reduce)
         key = (node, st)
         hit = self.memo.get(key)
