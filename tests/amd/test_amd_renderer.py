@@ -265,3 +265,15 @@ def test_f64_pow_special_cases_and_accuracy() -> None:
         xs, ys = rng.uniform(0.01, 100, 300), rng.uniform(-20, 20, 300)
         for x, y in zip(xs.tolist(), ys.tolist()):
             assert _ulps(fn(x, y), float(np.power(x, y))) <= _pow_ulp_bound(x, y), (x, y)
+
+
+def test_guard_is_32_bit_when_the_launch_fits_and_64_bit_otherwise(amd_compilers) -> None:  # type: ignore
+    import dataclasses
+    prog = _programs("gfx1100", lambda: [Tensor(np.ones((8, 64), np.float32)) + 1])[-1]
+    small = AMDGPURenderer("gfx1100").render(prog)
+    assert re.search(rf"icmp ult i32 %v\d+, {prog.global_size}\n", small)
+    assert "icmp slt i64" not in small
+    huge = dataclasses.replace(prog, global_size=2 ** 33)  # more threads than a signed 32-bit index holds
+    ir = AMDGPURenderer("gfx1100").render(huge)
+    assert re.search(r"icmp slt i64 %v\d+, 8589934592", ir) and "icmp ult i32" not in ir
+    load_code_object(amd_compilers["gfx1100"].compile(ir), "gfx1100")

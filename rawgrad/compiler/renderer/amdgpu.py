@@ -62,6 +62,7 @@ KERNARG_WORD_BYTES = 8
 # ds_bpermute addresses lanes in bytes: lane k is address 4 * k (RDNA3 and CDNA3 ISA guides, DS_BPERMUTE_B32).
 BPERMUTE_LANE_SHIFT = 2
 BPERMUTE_WORD_BITS = 32  # it moves one 32-bit value per lane
+I32_LIMIT = 2 ** 31  # a global index below this fits a signed 32-bit register
 
 AMD_TARGETS = {t.isa: t for t in (AMD_GFX1100, AMD_GFX942)}
 
@@ -159,18 +160,29 @@ class AMDGPUEmitter(LLVMEmitter):
         return out
 
     def global_range(self, st: UOp) -> None:
-        """gidx = workgroup.id.x * L + workitem.id.x; threads at or past the global size go to the exit."""
+        """gidx = workgroup.id.x * L + workitem.id.x; threads at or past the global size go to the exit.
+
+        With a static global size below 2**31 - L the launch has fewer than 2**31 threads (the driver rounds
+        the size up to whole blocks), so the index and its guard are 32-bit (one VALU compare instead of a
+        64-bit pair); the index is then widened for the 64-bit address arithmetic."""
         wg = self.call("i32", "llvm.amdgcn.workgroup.id.x")
         self.tid = self.call("i32", "llvm.amdgcn.workitem.id.x")
-        wg64, tid64, base, gidx = self.tmp(), self.tmp(), self.tmp(), self.tmp()
-        self.emit(f"{wg64} = zext i32 {wg} to i64")
-        self.emit(f"{tid64} = zext i32 {self.tid} to i64")
-        self.emit(f"{base} = mul nuw nsw i64 {wg64}, {self.local}")
-        self.emit(f"{gidx} = add nuw nsw i64 {base}, {tid64}")
         size = self.prog.global_size
-        limit = self.value(size) if isinstance(size, UOp) else str(int(size))
-        live = self.tmp()
-        self.emit(f"{live} = icmp slt i64 {gidx}, {limit}")
+        gidx, live = self.tmp(), self.tmp()
+        if isinstance(size, int) and size + self.local < I32_LIMIT:
+            base, idx32 = self.tmp(), self.tmp()
+            self.emit(f"{base} = mul nuw nsw i32 {wg}, {self.local}")
+            self.emit(f"{idx32} = add nuw nsw i32 {base}, {self.tid}")
+            self.emit(f"{live} = icmp ult i32 {idx32}, {size}")
+            self.emit(f"{gidx} = zext i32 {idx32} to i64")
+        else:
+            wg64, tid64, base = self.tmp(), self.tmp(), self.tmp()
+            self.emit(f"{wg64} = zext i32 {wg} to i64")
+            self.emit(f"{tid64} = zext i32 {self.tid} to i64")
+            self.emit(f"{base} = mul nuw nsw i64 {wg64}, {self.local}")
+            self.emit(f"{gidx} = add nuw nsw i64 {base}, {tid64}")
+            limit = self.value(size) if isinstance(size, UOp) else str(int(size))
+            self.emit(f"{live} = icmp slt i64 {gidx}, {limit}")
         body = self.label("body")
         self.emit(f"br i1 {live}, label %{body}, label %{self.done_label}")
         self.lines.append(f"{body}:")
