@@ -3,22 +3,30 @@ bench cpu|dispatch|infer|saved-graph|gpu]` (rawgrad/__main__.py runs `run` from 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
 
-from rawgrad import progress
-from rawgrad.cli import nv_smoke
+import numpy as np
+
+from rawgrad import Device, Tensor, config, progress
+from rawgrad.cli import bench_gpu, nv_smoke
+from rawgrad.cli.bench import bench_cpu, bench_saved_graph, blas_description, run_without_blas_overrides
+from rawgrad.cli.bench_dispatch import CHAIN_LENGTHS, bench_dispatch
+from rawgrad.cli.bench_infer import bench_infer
+from rawgrad.cli.doctor import main as doctor_main
+from rawgrad.drivers.nv import missing_driver
+from rawgrad.errors import RawgradError
 from rawgrad.hcq.device import DeviceUnavailable
+from rawgrad.models import gpt2, minilm
+from rawgrad.models.decoding import CheckpointNotFound
+from rawgrad.models.minilm import MissingDependency
+from rawgrad.tensor.realize import GlobalCounters, capture_launches
 
 
 def demo() -> int:
     """Build a few lazy graphs, show how they fuse, run them on the default device, check with numpy."""
-    import numpy as np
-
-    from rawgrad import Device, Tensor
-    from rawgrad.tensor.realize import GlobalCounters, capture_launches
-
     dev = Device.DEFAULT
     print(f"rawgrad demo on device {dev}")
     rng = np.random.default_rng(0)
@@ -93,11 +101,6 @@ DEFAULT_SENTENCES = ["The quick brown fox jumps over the lazy dog.",
 def infer_minilm(sentences: list[str], show: int, repeats: int) -> int:
     """Embed sentences with all-MiniLM-L6-v2 through the captured graph; print vectors, similarities and
     timing."""
-    import numpy as np
-
-    from rawgrad import Device
-    from rawgrad.models import minilm
-
     sentences = sentences or DEFAULT_SENTENCES
     t0 = time.perf_counter()
     with ProgressBar("loading all-MiniLM-L6-v2") as bar:  # the bar's clock also runs while the model builds
@@ -137,11 +140,6 @@ def infer_minilm(sentences: list[str], show: int, repeats: int) -> int:
 def infer_gpt2(tokens: int, weights: str | None, prompt: list[int], temperature: float, top_k: int | None,
                seed: int, size: str = "124m") -> int:
     """Generate with GPT-2 (random 124M weights unless a Hugging Face checkpoint is given)."""
-    import statistics
-
-    from rawgrad import Device
-    from rawgrad.models import gpt2
-
     t0 = time.perf_counter()
     if weights:
         with ProgressBar(f"loading {weights}") as bar:
@@ -174,7 +172,6 @@ def infer_gpt2(tokens: int, weights: str | None, prompt: list[int], temperature:
 
 
 def info() -> int:
-    from rawgrad import Device
     print(f"default device: {Device.DEFAULT}")
     print(f"known devices: {', '.join(Device.known)}")
     return 0
@@ -220,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "info":
         return info()
     if args.cmd == "doctor":
-        from rawgrad.cli.doctor import main as doctor_main
         return doctor_main(["--verbose"] if args.verbose else [])
     if args.cmd == "smoke":
         return nv_smoke.run_command(args)
@@ -230,37 +226,29 @@ def main(argv: list[str] | None = None) -> int:
         return infer_gpt2(args.tokens, args.weights, args.prompt, args.temperature, args.top_k, args.seed,
                           args.size)
     if args.cmd == "bench" and args.what != "gpu":
-        from rawgrad.cli.bench import blas_description, run_without_blas_overrides
         code = run_without_blas_overrides(sys.argv[1:] if argv is None else argv)
         if code is not None:
             return code
         if args.what != "cpu":  # bench cpu prints it in its own header
             print(blas_description())
     if args.cmd == "bench" and args.what == "saved-graph":
-        from rawgrad.cli.bench import bench_saved_graph
         bench_saved_graph(args.kernels, args.elements, 1 if args.quick else args.runs)
         return 0
     if args.cmd == "bench" and args.what == "infer":
-        from rawgrad.cli.bench_infer import bench_infer
         return bench_infer(quick=args.quick)
     if args.cmd == "bench" and args.what == "dispatch":
-        from rawgrad.cli.bench_dispatch import CHAIN_LENGTHS, bench_dispatch
         protocols = ("async", "sync") if args.protocol == "both" else (args.protocol,)
         lengths = tuple(args.lengths) if args.lengths else CHAIN_LENGTHS[:3] if args.quick else CHAIN_LENGTHS
         bench_dispatch(lengths, protocols)
-        from rawgrad.cli import bench_gpu
         if bench_gpu.default_is_nv():  # on a GPU, also the empty-kernel chains against CUDA Graphs
             bench_gpu.dispatch(quick=args.quick, json_path=args.json)
         return 0
     if args.cmd == "bench" and args.what == "gpu":
-        from rawgrad.drivers.nv import missing_driver
         if missing_driver() is not None:  # nothing of it can run: say why in one line, not a table of n/a
             raise DeviceUnavailable("NV", str(missing_driver()), hint="bench gpu needs an NVIDIA GPU (bench "
                                     "cpu, dispatch and infer run without one)")
-        from rawgrad.cli.bench_gpu import main as bench_gpu_main
-        return bench_gpu_main(quick=args.quick, json_path=args.json)
+        return bench_gpu.main(quick=args.quick, json_path=args.json)
     if args.cmd == "bench":
-        from rawgrad.cli.bench import bench_cpu
         return bench_cpu(quick=args.quick)
     parser.print_help()
     return 2
@@ -270,7 +258,6 @@ def run(argv: list[str] | None = None) -> int:
     """`main` for a shell: what a first run meets (no GPU, an unknown DEV, a bad weights path, a missing
     package, an argument out of range) is one line on stderr and exit status 1, not a traceback. DEBUG=1
     shows the traceback."""
-    from rawgrad import config
     try:
         return main(argv)
     except Exception as e:
@@ -283,17 +270,11 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _user_error(e: BaseException) -> bool:
-    from rawgrad.errors import RawgradError
     return isinstance(e, (DeviceUnavailable, RawgradError))
 
 
 def _setup_problem(e: BaseException) -> bool:
-    """A missing checkpoint or package (imported here: with DEV set wrongly, importing models fails)."""
-    try:
-        from rawgrad.models.decoding import CheckpointNotFound
-        from rawgrad.models.minilm import MissingDependency
-    except Exception:  # noqa: BLE001 - then e is not one of these
-        return False
+    """A missing checkpoint or package."""
     return isinstance(e, (CheckpointNotFound, MissingDependency))
 
 
