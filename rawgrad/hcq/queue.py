@@ -196,19 +196,22 @@ class HWQueue:
         of `local_size` threads (concrete; None: the program's launch contract, else one thread). `args` are
         buffers (passed as addresses) then integer scalars. Kernels number threads x-fastest over the whole
         grid (compiler/target.py), so any 3-D shape covering a kernel's global size runs it."""
+        contract = getattr(program, "launch", None)
         if local_size is None:
-            contract = getattr(program, "launch", None)
             local_size = contract.local_size if contract is not None else (1, 1, 1)
         if len(global_size) != 3 or len(local_size) != 3:
             raise ValueError(f"global_size and local_size need 3 entries, got {global_size}, {local_size}")
-        if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in local_size):
-            raise ValueError(f"{program.name}: local size must be three positive ints (a block is fixed when "
-                             f"the launch is encoded), got {tuple(local_size)}")
-        if any(isinstance(g, bool) or not isinstance(g, (int, UOp)) or (isinstance(g, int) and g < 0)
-               for g in global_size):
-            raise ValueError(f"{program.name}: global size must be three ints >= 0 or symbolic UOps, got "
-                             f"{tuple(global_size)}")
-        contract = getattr(program, "launch", None)
+        for v in local_size:  # (a loop, not any(): this runs on every eager launch)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{program.name}: local size must be three positive ints (a block is fixed "
+                                 f"when the launch is encoded), got {tuple(local_size)}")
+        for g in global_size:
+            if type(g) is int:
+                if g < 0:
+                    raise ValueError(f"{program.name}: negative global size {tuple(global_size)}")
+            elif not isinstance(g, UOp):
+                raise ValueError(f"{program.name}: global size must be three ints >= 0 or symbolic UOps, got "
+                                 f"{tuple(global_size)}")
         if contract is not None and len(args) != contract.args:
             raise ValueError(f"{program.name} takes {contract.buffers} buffers and {len(contract.scalars)} "
                              f"scalars ({contract.args} arguments), got {len(args)}")
