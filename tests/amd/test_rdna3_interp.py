@@ -7,6 +7,7 @@ workgroup (64, or 16x16 for the matmul), so bounds checks, partial waves and par
 from __future__ import annotations
 
 import struct
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -207,3 +208,107 @@ def test_null_kernarg_pointer_faults() -> None:
 def test_short_kernarg_is_refused() -> None:
     with pytest.raises(ValueError, match="kernarg segment of 8 bytes, the kernel descriptor needs 20"):
         run(corpus.program("divergent"), MemoryMap(), b"\0" * 8, (1, 1, 1), (64, 1, 1))
+
+
+def _fma_exact(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once to float64 (Fraction arithmetic is exact; float() of a Fraction rounds once)."""
+    return float(Fraction(a) * Fraction(b) + Fraction(c))
+
+
+@pytest.mark.parametrize("n", [1, 45, 130])
+def test_ew_f64(n: int) -> None:
+    rng = np.random.default_rng(400 + n)
+    a = rng.standard_normal(n) * 50
+    b = rng.standard_normal(n) * 3
+    a[::9] = np.nan
+    b[1::11] = 0.5
+    m = Buffers()
+    o, o2, oi = m.out(n, np.float64), m.out(n, np.float32), m.out(n, np.uint32)
+    run(corpus.program("ew_f64"), m.mem, struct.pack("<5Qi", o, o2, oi, m.put(a), m.put(b), n), _groups(n),
+        (64, 1, 1))
+    with np.errstate(all="ignore"):
+        s = a * b + a
+        f = np.array([_fma_exact(x, y, z) if np.isfinite(x) else np.nan for x, y, z in zip(a, b, s)])
+        d = f / b
+        x2 = (np.floor(d) + np.trunc(a)) + np.rint(b)
+        want = np.where(np.isnan(a) | np.isnan(b), 0.0, np.where(a > b, np.ldexp(x2, 3), d))
+        sq = np.sqrt(np.abs(a))
+        want2 = (sq.astype(np.float32).astype(np.float64) + (np.arange(n) + float(n))).astype(np.float32)
+        want_i = np.clip(np.nan_to_num(np.trunc(np.abs(a)), nan=0.0), 0, 2**32 - 1).astype(np.uint32)
+    np.testing.assert_array_equal(m.get(o, np.float64), want)  # the v_div_*_f64 expansion rounds correctly
+    np.testing.assert_array_equal(m.get(o2, np.float32), want2)  # sqrt via v_rsq_f64 + Newton steps
+    np.testing.assert_array_equal(m.get(oi, np.uint32), want_i)
+
+
+@pytest.mark.parametrize("n", [3, 64, 77])
+def test_ew_f16(n: int) -> None:
+    rng = np.random.default_rng(500 + n)
+    a = (rng.standard_normal(n) * 8).astype(np.float16)
+    b = (rng.standard_normal(n) * 8).astype(np.float16)
+    a[::10] = np.float16(np.nan)
+    c = rng.standard_normal(n).astype(np.float32)
+    m = Buffers()
+    o, o2 = m.out(n, np.float16), m.out(n, np.float16)
+    run(corpus.program("ew_f16"), m.mem, struct.pack("<5Qi", o, o2, m.put(a), m.put(b), m.put(c), n),
+        _groups(n), (64, 1, 1))
+    with np.errstate(all="ignore"):
+        prod = a * b  # float16 multiply, correctly rounded
+        mx = np.where(np.isnan(prod), b, np.where(np.isnan(b), prod, np.maximum(prod, b)))
+        want = np.where(np.isnan(a) | np.isnan(mx), np.float16(1), mx).astype(np.float16)
+        mix = np.array([_fma_exact(float(x), float(y), float(z)) if np.isfinite(x) else np.nan
+                        for x, y, z in zip(a, b, c)]).astype(np.float32)
+    np.testing.assert_array_equal(m.get(o, np.float16), want)
+    np.testing.assert_allclose(m.get(o2, np.float16).astype(np.float32), mix.astype(np.float16), rtol=1e-3,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("n", [1, 32, 50, 200])
+def test_wave_sum_bpermute(n: int) -> None:
+    a = np.random.default_rng(600 + n).standard_normal(n).astype(np.float32)
+    groups = _groups(n)
+    nwaves = groups[0] * 2
+    m = Buffers()
+    o = m.out(nwaves, np.float32)
+    run(corpus.program("wave_sum"), m.mem, struct.pack("<2Qi", o, m.put(a), n), groups, (64, 1, 1))
+    padded = np.zeros(nwaves * 32, np.float32)
+    padded[:n] = a
+    lanes = np.arange(32)
+    want = []
+    for wv in range(nwaves):
+        v = padded[wv * 32:(wv + 1) * 32].copy()
+        for mask in (16, 8, 4, 2, 1):  # the butterfly order of the kernel: v += v[lane ^ mask]
+            v = v + v[lanes ^ mask]
+        want.append(v[0])
+    np.testing.assert_array_equal(m.get(o, np.float32), np.array(want, np.float32))
+
+
+def _bitrev(x: np.ndarray) -> np.ndarray:
+    return np.array([int(f"{int(v):032b}"[::-1], 2) for v in x.astype(np.uint32)], np.uint32)
+
+
+@pytest.mark.parametrize("n", [2, 70])
+def test_int64_and_bit_ops(n: int) -> None:
+    rng = np.random.default_rng(700 + n)
+    a = rng.integers(-(2**62), 2**62, n, dtype=np.int64)
+    b = rng.integers(-(2**62), 2**62, n, dtype=np.int64)
+    a[::5] = rng.integers(0, 200, a[::5].size)
+    b[::7] = a[::7]
+    m = Buffers()
+    o, o2 = m.out(n, np.int64), m.out(n, np.int32)
+    run(corpus.program("int64"), m.mem, struct.pack("<4Qi", o, o2, m.put(a), m.put(b), n), _groups(n),
+        (64, 1, 1))
+    ua, ub = a.view(np.uint64), b.view(np.uint64)
+    x = np.where(a < b, a >> (b & 63), (ub >> np.uint64(5)).view(np.int64))
+    y = np.where(ua > 128, x, a)
+    want = np.where(a == b, 7, y)
+    lo, lb = a.astype(np.int32), b.astype(np.int32)  # truncation to the low 32 bits
+    ulo, ulb = lo.view(np.uint32), lb.view(np.uint32)
+    mh = ((lo.astype(np.int64) * lb.astype(np.int64)) >> 32).astype(np.int32)
+    rev = _bitrev(ulo).view(np.int32)
+    fs = (((ulo.astype(np.uint64) << np.uint64(32)) | ulb.astype(np.uint64)) >> (ulb & 31).astype(np.uint64))
+    fs = fs.astype(np.uint32).view(np.int32)
+    x1 = lo ^ lb
+    with np.errstate(over="ignore"):
+        r = (x1 ^ mh) + np.maximum(np.maximum(lo, lb), rev) + (x1 + rev) + fs
+    np.testing.assert_array_equal(m.get(o, np.int64), want)
+    np.testing.assert_array_equal(m.get(o2, np.int32), r)

@@ -34,6 +34,18 @@ declare float @llvm.fabs.f32(float)
 declare float @llvm.floor.f32(float)
 declare i32 @llvm.smin.i32(i32, i32)
 declare i32 @llvm.umax.i32(i32, i32)
+declare i32 @llvm.smax.i32(i32, i32)
+declare double @llvm.fma.f64(double, double, double)
+declare double @llvm.floor.f64(double)
+declare double @llvm.trunc.f64(double)
+declare double @llvm.rint.f64(double)
+declare double @llvm.fabs.f64(double)
+declare double @llvm.sqrt.f64(double)
+declare double @llvm.ldexp.f64.i32(double, i32)
+declare half @llvm.maxnum.f16(half, half)
+declare i32 @llvm.amdgcn.ds.bpermute(i32, i32)
+declare i32 @llvm.bitreverse.i32(i32)
+declare i32 @llvm.fshr.i32(i32, i32, i32)
 """
 
 # a barrier as an AMD renderer writes it: workgroup-scope release, s_barrier, acquire (tinygrad's AMD-LLVM)
@@ -352,7 +364,143 @@ w:
 done:
   ret void""", (32, 1))
 
-KERNELS: tuple[CorpusKernel, ...] = (EW_F32, EW_I32, CAST, REDUCE, MATMUL, DIVERGENT, WGID)
+# float64: arithmetic, fma, the v_div_*_f64 division expansion, rounding, ldexp, compares, conversions, sqrt
+EW_F64 = _kernel("ew_f64", f"{_G} %out, {_G} %out2, {_G} %outi, {_G} %a, {_G} %b, i32 %n", _GLOBAL_INDEX + """
+  %pa = getelementptr double, ptr addrspace(1) %a, i32 %i
+  %pb = getelementptr double, ptr addrspace(1) %b, i32 %i
+  %va = load double, ptr addrspace(1) %pa
+  %vb = load double, ptr addrspace(1) %pb
+  %m = fmul double %va, %vb
+  %s = fadd double %m, %va
+  %f = call double @llvm.fma.f64(double %va, double %vb, double %s)
+  %d = fdiv double %f, %vb
+  %fl = call double @llvm.floor.f64(double %d)
+  %tr = call double @llvm.trunc.f64(double %va)
+  %rn = call double @llvm.rint.f64(double %vb)
+  %x1 = fadd double %fl, %tr
+  %x2 = fadd double %x1, %rn
+  %ld = call double @llvm.ldexp.f64.i32(double %x2, i32 3)
+  %gt = fcmp ogt double %va, %vb
+  %sel = select i1 %gt, double %ld, double %d
+  %un = fcmp uno double %va, %vb
+  %sel2 = select i1 %un, double 0.0, double %sel
+  %po = getelementptr double, ptr addrspace(1) %out, i32 %i
+  store double %sel2, ptr addrspace(1) %po
+  %ab = call double @llvm.fabs.f64(double %va)
+  %sq = call double @llvm.sqrt.f64(double %ab)
+  %f32 = fptrunc double %sq to float
+  %id = sitofp i32 %i to double
+  %nd = uitofp i32 %n to double
+  %sum = fadd double %id, %nd
+  %fe = fpext float %f32 to double
+  %z = fadd double %fe, %sum
+  %zt = fptrunc double %z to float
+  %po2 = getelementptr float, ptr addrspace(1) %out2, i32 %i
+  store float %zt, ptr addrspace(1) %po2
+  %ui = fptoui double %ab to i32
+  %poi = getelementptr i32, ptr addrspace(1) %outi, i32 %i
+  store i32 %ui, ptr addrspace(1) %poi
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# float16: arithmetic, max, an ordered compare + select, and an f32 fma of widened halves narrowed back
+# (v_fma_mixlo_f16)
+EW_F16 = _kernel("ew_f16", f"{_G} %out, {_G} %out2, {_G} %a, {_G} %b, {_G} %c, i32 %n", _GLOBAL_INDEX + """
+  %pa = getelementptr half, ptr addrspace(1) %a, i32 %i
+  %pb = getelementptr half, ptr addrspace(1) %b, i32 %i
+  %pc = getelementptr float, ptr addrspace(1) %c, i32 %i
+  %ha = load half, ptr addrspace(1) %pa
+  %hb = load half, ptr addrspace(1) %pb
+  %vc = load float, ptr addrspace(1) %pc
+  %m = fmul half %ha, %hb
+  %mx = call half @llvm.maxnum.f16(half %m, half %hb)
+  %o = fcmp ord half %ha, %mx
+  %sel = select i1 %o, half %mx, half 0xH3C00
+  %po = getelementptr half, ptr addrspace(1) %out, i32 %i
+  store half %sel, ptr addrspace(1) %po
+  %fa = fpext half %ha to float
+  %fb = fpext half %hb to float
+  %fm = call float @llvm.fma.f32(float %fa, float %fb, float %vc)
+  %t = fptrunc float %fm to half
+  %po2 = getelementptr half, ptr addrspace(1) %out2, i32 %i
+  store half %t, ptr addrspace(1) %po2
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# a wave-level sum through ds_bpermute (the renderer's wave-group reduction): butterfly over lane ^ 16..1,
+# then lane 0 of each wave writes its wave's sum; every lane stays active (out-of-range items add 0)
+_BFLY = "".join(f"""
+  %l{k} = xor i32 %lane, {m}
+  %a{k} = shl i32 %l{k}, 2
+  %b{k} = bitcast float %v{k} to i32
+  %g{k} = call i32 @llvm.amdgcn.ds.bpermute(i32 %a{k}, i32 %b{k})
+  %f{k} = bitcast i32 %g{k} to float
+  %v{k + 1} = fadd float %v{k}, %f{k}""" for k, m in enumerate((16, 8, 4, 2, 1)))
+WAVE_SUM = _kernel("wave_sum", f"{_G} %out, {_G} %a, i32 %n", """\
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %base = mul i32 %wg, 64
+  %i = add i32 %base, %tid
+  %inb = icmp slt i32 %i, %n
+  %safe = select i1 %inb, i32 %i, i32 0
+  %pa = getelementptr float, ptr addrspace(1) %a, i32 %safe
+  %raw = load float, ptr addrspace(1) %pa
+  %v0 = select i1 %inb, float %raw, float 0.0
+  %lane = and i32 %tid, 31""" + _BFLY + """
+  %first = icmp eq i32 %lane, 0
+  br i1 %first, label %w, label %done
+w:
+  %wave = lshr i32 %i, 5
+  %po = getelementptr float, ptr addrspace(1) %out, i32 %wave
+  store float %v5, ptr addrspace(1) %po
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# 64-bit integer compares and shifts, and 32-bit bit tricks (mulhi, bitreverse, funnel shift, 3-input ops)
+INT64 = _kernel("int64", f"{_G} %out, {_G} %out2, {_G} %a, {_G} %b, i32 %n", _GLOBAL_INDEX + """
+  %pa = getelementptr i64, ptr addrspace(1) %a, i32 %i
+  %pb = getelementptr i64, ptr addrspace(1) %b, i32 %i
+  %va = load i64, ptr addrspace(1) %pa
+  %vb = load i64, ptr addrspace(1) %pb
+  %c1 = icmp slt i64 %va, %vb
+  %c2 = icmp ugt i64 %va, 128
+  %c3 = icmp eq i64 %va, %vb
+  %amt = and i64 %vb, 63
+  %sh = ashr i64 %va, %amt
+  %sl = lshr i64 %vb, 5
+  %x = select i1 %c1, i64 %sh, i64 %sl
+  %y = select i1 %c2, i64 %x, i64 %va
+  %z = select i1 %c3, i64 7, i64 %y
+  %po = getelementptr i64, ptr addrspace(1) %out, i32 %i
+  store i64 %z, ptr addrspace(1) %po
+  %lo = trunc i64 %va to i32
+  %lb = trunc i64 %vb to i32
+  %wa = sext i32 %lo to i64
+  %wb = sext i32 %lb to i64
+  %pr = mul i64 %wa, %wb
+  %ph = ashr i64 %pr, 32
+  %mh = trunc i64 %ph to i32
+  %rev = call i32 @llvm.bitreverse.i32(i32 %lo)
+  %fs = call i32 @llvm.fshr.i32(i32 %lo, i32 %lb, i32 %lb)
+  %x1 = xor i32 %lo, %lb
+  %x3 = xor i32 %x1, %mh
+  %m1 = call i32 @llvm.smax.i32(i32 %lo, i32 %lb)
+  %m3 = call i32 @llvm.smax.i32(i32 %m1, i32 %rev)
+  %xa = add i32 %x1, %rev
+  %r1 = add i32 %x3, %m3
+  %r2 = add i32 %r1, %xa
+  %r3 = add i32 %r2, %fs
+  %po2 = getelementptr i32, ptr addrspace(1) %out2, i32 %i
+  store i32 %r3, ptr addrspace(1) %po2
+  br label %done
+done:
+  ret void""", (64, 1))
+
+KERNELS: tuple[CorpusKernel, ...] = (EW_F32, EW_I32, CAST, REDUCE, MATMUL, DIVERGENT, WGID, EW_F64, EW_F16,
+                                     WAVE_SUM, INT64)
 
 _GLOBALS = {
     "reduce_sum": '@lds = internal addrspace(3) global [64 x float] poison, align 4\n',

@@ -4,13 +4,17 @@ byte-identical to a fresh generation).
 
 Source: the LLVM 22.1.0 AMDGPU encoder and asm printer (through llvmlite), target amdgcn-amd-amdhsa
 cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.py):
-  ew_f32 (IR sha256 c532c9cfda3f745c, 102 instructions, a VOPD pair counted twice)
-  ew_i32 (IR sha256 3870f27bd854669a, 103 instructions, a VOPD pair counted twice)
-  cast (IR sha256 1a010b599b52c24c, 65 instructions, a VOPD pair counted twice)
-  reduce_sum (IR sha256 55792efc0ec0026a, 115 instructions, a VOPD pair counted twice)
-  matmul_tiled (IR sha256 9f18891b2dc3a145, 127 instructions, a VOPD pair counted twice)
-  divergent (IR sha256 5d560eb6f240ee75, 57 instructions, a VOPD pair counted twice)
-  wgid (IR sha256 b3ba6bc6e2857072, 22 instructions, a VOPD pair counted twice)
+  ew_f32 (IR sha256 d345fe27681be2b8, 102 instructions, a VOPD pair counted twice)
+  ew_i32 (IR sha256 e474ed0f51f3a1f2, 103 instructions, a VOPD pair counted twice)
+  cast (IR sha256 b63a2d1ae014ca62, 65 instructions, a VOPD pair counted twice)
+  reduce_sum (IR sha256 ef5c5890c5c13708, 115 instructions, a VOPD pair counted twice)
+  matmul_tiled (IR sha256 05419921e1d7b217, 127 instructions, a VOPD pair counted twice)
+  divergent (IR sha256 fd01f90c1d27a54e, 57 instructions, a VOPD pair counted twice)
+  wgid (IR sha256 4f5f52c84c597468, 22 instructions, a VOPD pair counted twice)
+  ew_f64 (IR sha256 7c3545a8e9498a55, 102 instructions, a VOPD pair counted twice)
+  ew_f16 (IR sha256 74abe8755a826007, 42 instructions, a VOPD pair counted twice)
+  wave_sum (IR sha256 ac442631ccea9d37, 47 instructions, a VOPD pair counted twice)
+  int64 (IR sha256 13e9a39e7b3fb6f1, 51 instructions, a VOPD pair counted twice)
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
 the VOP1, VOP2 and VOPC operations (their _e64 forms).
 """
@@ -46,19 +50,29 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("SMEM", 2): "s_load_b128",
     ("SMEM", 3): "s_load_b256",
     ("VOP1", 1): "v_mov_b32_e32",
+    ("VOP1", 4): "v_cvt_f64_i32_e32",
     ("VOP1", 5): "v_cvt_f32_i32_e32",
     ("VOP1", 6): "v_cvt_f32_u32_e32",
     ("VOP1", 7): "v_cvt_u32_f32_e32",
     ("VOP1", 8): "v_cvt_i32_f32_e32",
     ("VOP1", 10): "v_cvt_f16_f32_e32",
     ("VOP1", 11): "v_cvt_f32_f16_e32",
+    ("VOP1", 15): "v_cvt_f32_f64_e32",
+    ("VOP1", 16): "v_cvt_f64_f32_e32",
     ("VOP1", 17): "v_cvt_f32_ubyte0_e32",
+    ("VOP1", 22): "v_cvt_f64_u32_e32",
+    ("VOP1", 23): "v_trunc_f64_e32",
+    ("VOP1", 25): "v_rndne_f64_e32",
+    ("VOP1", 26): "v_floor_f64_e32",
     ("VOP1", 36): "v_floor_f32_e32",
     ("VOP1", 37): "v_exp_f32_e32",
     ("VOP1", 39): "v_log_f32_e32",
     ("VOP1", 42): "v_rcp_f32_e32",
     ("VOP1", 43): "v_rcp_iflag_f32_e32",
+    ("VOP1", 47): "v_rcp_f64_e32",
+    ("VOP1", 49): "v_rsq_f64_e32",
     ("VOP1", 51): "v_sqrt_f32_e32",
+    ("VOP1", 56): "v_bfrev_b32_e32",
     ("VOP2", 1): "v_cndmask_b32_e32",
     ("VOP2", 3): "v_add_f32_e32",
     ("VOP2", 4): "v_sub_f32_e32",
@@ -78,12 +92,20 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP2", 38): "v_sub_nc_u32_e32",
     ("VOP2", 43): "v_fmac_f32_e32",
     ("VOP2", 50): "v_add_f16_e32",
+    ("VOP2", 53): "v_mul_f16_e32",
+    ("VOP2", 57): "v_max_f16_e32",
+    ("VOPC", 7): "v_cmp_o_f16_e32",
+    ("VOPC", 36): "v_cmp_gt_f64_e32",
+    ("VOPC", 39): "v_cmp_o_f64_e32",
     ("VOPC", 67): "v_cmp_le_i32_e32",
     ("VOPC", 68): "v_cmp_gt_i32_e32",
     ("VOPC", 73): "v_cmp_lt_u32_e32",
     ("VOPC", 74): "v_cmp_eq_u32_e32",
     ("VOPC", 77): "v_cmp_ne_u32_e32",
     ("VOPC", 78): "v_cmp_ge_u32_e32",
+    ("VOPC", 81): "v_cmp_lt_i64_e32",
+    ("VOPC", 89): "v_cmp_lt_u64_e32",
+    ("VOPC", 93): "v_cmp_ne_u64_e32",
     ("VOPC", 158): "v_cmpx_nlt_f32_e32",
     ("VOPC", 202): "v_cmpx_eq_u32_e32",
     ("VOPC", 204): "v_cmpx_gt_u32_e32",
@@ -91,41 +113,62 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 17): "v_cmp_lt_f32_e64",
     ("VOP3", 20): "v_cmp_gt_f32_e64",
     ("VOP3", 22): "v_cmp_ge_f32_e64",
+    ("VOP3", 36): "v_cmp_gt_f64_e64",
     ("VOP3", 68): "v_cmp_gt_i32_e64",
     ("VOP3", 126): "v_cmp_class_f32_e64",
+    ("VOP3", 127): "v_cmp_class_f64_e64",
     ("VOP3", 196): "v_cmpx_gt_i32_e64",
     ("VOP3", 257): "v_cndmask_b32_e64",
     ("VOP3", 264): "v_mul_f32_e64",
     ("VOP3", 288): "v_add_co_ci_u32_e64",
+    ("VOP3", 405): "v_cvt_u32_f64_e64",
     ("VOP3", 528): "v_bfe_u32",
     ("VOP3", 531): "v_fma_f32",
+    ("VOP3", 532): "v_fma_f64",
+    ("VOP3", 534): "v_alignbit_b32",
+    ("VOP3", 541): "v_max3_i32",
     ("VOP3", 551): "v_div_fixup_f32",
+    ("VOP3", 552): "v_div_fixup_f64",
     ("VOP3", 567): "v_div_fmas_f32",
+    ("VOP3", 568): "v_div_fmas_f64",
     ("VOP3", 582): "v_lshl_add_u32",
     ("VOP3", 583): "v_add_lshl_u32",
     ("VOP3", 597): "v_add3_u32",
     ("VOP3", 598): "v_lshl_or_b32",
+    ("VOP3", 605): "v_cndmask_b16",
     ("VOP3", 764): "v_div_scale_f32",
+    ("VOP3", 765): "v_div_scale_f64",
     ("VOP3", 766): "v_mad_u64_u32",
     ("VOP3", 768): "v_add_co_u32",
     ("VOP3", 796): "v_ldexp_f32",
+    ("VOP3", 807): "v_add_f64",
+    ("VOP3", 808): "v_mul_f64",
+    ("VOP3", 811): "v_ldexp_f64",
     ("VOP3", 812): "v_mul_lo_u32",
     ("VOP3", 813): "v_mul_hi_u32",
+    ("VOP3", 814): "v_mul_hi_i32",
     ("VOP3", 828): "v_lshlrev_b64",
     ("VOP3", 829): "v_lshrrev_b64",
+    ("VOP3", 830): "v_ashrrev_i64",
+    ("VOP3P", 34): "v_fma_mixhi_f16",
     ("VOPDX", 3): "v_dual_mul_f32",
     ("VOPDX", 4): "v_dual_add_f32",
     ("VOPDX", 8): "v_dual_mov_b32",
+    ("VOPDX", 9): "v_dual_cndmask_b32",
     ("VOPDY", 3): "v_dual_mul_f32",
     ("VOPDY", 8): "v_dual_mov_b32",
+    ("VOPDY", 9): "v_dual_cndmask_b32",
     ("VOPDY", 16): "v_dual_add_nc_u32",
     ("DS", 13): "ds_store_b32",
     ("DS", 54): "ds_load_b32",
     ("DS", 55): "ds_load_2addr_b32",
+    ("DS", 179): "ds_bpermute_b32",
     ("FLAT", 16): "global_load_u8",
     ("FLAT", 20): "global_load_b32",
+    ("FLAT", 21): "global_load_b64",
     ("FLAT", 25): "global_store_b16",
     ("FLAT", 26): "global_store_b32",
     ("FLAT", 27): "global_store_b64",
     ("FLAT", 32): "global_load_d16_b16",
+    ("FLAT", 37): "global_store_d16_hi_b16",
 }
