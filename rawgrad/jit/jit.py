@@ -58,6 +58,7 @@ from rawgrad.tensor import realize as _realize
 from rawgrad.tensor import tensor as _tensor_module
 from rawgrad.tensor.buffers import buffer_numpy, buffer_write, new_buffer
 from rawgrad.tensor.interpret import is_realized
+from rawgrad.tensor.realize import ExecItem
 from rawgrad.tensor.schedule import is_scalar_arg
 from rawgrad.tensor.tensor import Tensor, pending_view_assigns
 
@@ -239,8 +240,58 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     """Run `fn` once while recording its launches; returns its result and the capture."""
     # Buffers created from here on (higher uids) are the capture's own; a 0-element node costs no memory.
     first_uid = new_buffer(call.buffers[0].device if call.buffers else Device.DEFAULT, 0, _any_dtype()).arg[0]
-    rng_start, seedings = Tensor._rng_counter, Tensor._seedings
-    rng_made: list[tuple[UOp, int]] = []  # (key buffer, counter) of each random draw inside the capture
+    rng_start = Tensor._rng_counter
+    ret, record, rng_made = _record_launches(fn, name, args, kwargs)
+    roles = _BufferRoles(name, call, record, first_uid)
+    returned = _encode_return(ret, roles.ref)
+    roles.plan_arenas()
+    var_vals: dict[UOp, int] = {}
+    for ei in record:
+        # a kernel's float constants are its own arguments (each kernel numbers them from 0): they are bound
+        # to their values in its launch (_kernel_command), not variables of the graph
+        var_vals.update((v, val) for v, val in ei.var_vals.items() if not is_scalar_arg(v))
+    commands: dict[str, list[Any]] = {}  # per device, in the order devices are first used
+    kernels = 0
+    for ei in record:
+        if not ei.bufs:
+            continue
+        dev = ei.bufs[0].device
+        roles.use_device(dev)
+        cmd = _copy_command(name, ei, roles, dev) if ei.kernel is None else \
+            _kernel_command(name, ei, roles, dev, var_vals)
+        commands.setdefault(dev, []).append(cmd)
+        kernels += ei.kernel is not None
+
+    graphs = []
+    profile = config.PROFILE()
+    for dev in roles.device_order:
+        template, programs = build_template(Device[dev], commands[dev])
+        profiled = build_template(Device[dev], commands[dev], profile=True)[0] if profile else None
+        graphs.append(DeviceGraph(dev, template, roles.arena_bytes(dev), programs, profiled))
+    passed = set(call.var_vals)  # Variables passed in (as arguments or in input shapes)
+    consts = [(p, x) for p, x in call.leaves if not isinstance(x, Tensor) and
+              not (isinstance(x, UOp) and x.op is Ops.BIND)]
+    externals, out_bufs = roles.externals, roles.out_bufs
+    cap = CapturedGraph(call.key, consts,
+                        {v: val for v, val in var_vals.items() if v not in passed}, graphs,
+                        sorted(externals, key=externals.__getitem__),
+                        [(b.device, b.arg[1], _dtype(b)) for b in sorted(out_bufs, key=out_bufs.__getitem__)],
+                        returned, kernels, reuse_outputs)
+    # Random draws: their key buffers are externals the kernels read; a replay writes the key the same
+    # draw would get eagerly (seed, counter at the call + its offset) into each before it launches.
+    cap.rng_draws = Tensor._rng_counter - rng_start
+    cap.rng_keys = [(externals[b], counter - rng_start) for b, counter in rng_made if b in externals]
+    cap.written = roles.written_in_place(record)
+    cap.link()
+    return ret, cap
+
+
+def _record_launches(fn: Callable[..., Any], name: str, args: Sequence[Any],
+                     kwargs: dict[str, Any]) -> tuple[Any, list[ExecItem], list[tuple[UOp, int]]]:
+    """Run `fn` with launches recorded instead of only run: its result, the launches, and the (key buffer,
+    counter) of each random draw it made."""
+    seedings = Tensor._seedings
+    rng_made: list[tuple[UOp, int]] = []
     _realize.readback_guards.append(name)
     Tensor._rng_recorders.append(rng_made)
     try:
@@ -253,134 +304,120 @@ def _capture(fn: Callable[..., Any], name: str, call: _Call, args: Sequence[Any]
     if Tensor._seedings != seedings:
         raise JitError(f"{name}: Tensor.manual_seed was called inside the captured function; a replay "
                        f"cannot reseed (it runs no Python). Seed outside the jitted function")
+    return ret, record, rng_made
 
-    slot_of = {b: k for k, b in enumerate(call.buffers)}
-    first_use: dict[UOp, tuple[int, bool]] = {}  # buffer -> (item index, only written there)
-    last_use: dict[UOp, int] = {}
-    for i, ei in enumerate(record):
-        if not ei.bufs:
-            continue
-        for b in ei.bufs:
-            if b not in first_use:
-                first_use[b] = (i, all(k == 0 for k, c in enumerate(ei.bufs) if c is b))
-            last_use[b] = i
 
-    def created_here(b: UOp) -> bool:
-        return b.arg[0] > first_uid
+class _BufferRoles:
+    """What each buffer a capture touches is to the graph: an input slot, an output the graph allocates
+    per call, an intermediate in the device's arena, or an external (state created outside and kept)."""
 
-    out_bufs: dict[UOp, int] = {}
-    externals: dict[UOp, int] = {}
+    def __init__(self, name: str, call: _Call, record: Sequence[ExecItem], first_uid: int) -> None:
+        self.name, self.first_uid = name, first_uid
+        self.slot_of = {b: k for k, b in enumerate(call.buffers)}
+        self.first_use: dict[UOp, tuple[int, bool]] = {}  # buffer -> (item index, only written there)
+        self.last_use: dict[UOp, int] = {}
+        for i, ei in enumerate(record):
+            for b in ei.bufs:
+                if b not in self.first_use:
+                    self.first_use[b] = (i, all(k == 0 for k, c in enumerate(ei.bufs) if c is b))
+                self.last_use[b] = i
+        self.out_bufs: dict[UOp, int] = {}
+        self.externals: dict[UOp, int] = {}
+        self.arena_plan: dict[str, tuple[dict[UOp, int], int]] = {}  # device -> (offsets, bytes)
+        self.device_order: list[str] = []
 
-    def ref(t: Tensor) -> OutRef:
+    def created_here(self, b: UOp) -> bool:
+        return b.arg[0] > self.first_uid
+
+    def ref(self, t: Tensor) -> OutRef:
+        """How the capture returns `t` (called for every returned tensor before `plan_arenas`)."""
         u = t.uop
         base = u.base
         if base.op is not Ops.BUFFER:
-            raise JitError(f"{name}: a returned tensor did not realize to a buffer ({base.op})")
+            raise JitError(f"{self.name}: a returned tensor did not realize to a buffer ({base.op})")
         reshape = _unbind_shape(u.arg, {}) if u.op is Ops.RESHAPE else None
         assert base.dtype is not None
-        if base in slot_of:
-            return ("in", slot_of[base], reshape, base.dtype)
-        if created_here(base) and first_use.get(base, (0, False))[1]:
-            return ("out", out_bufs.setdefault(base, len(out_bufs)), reshape, base.dtype)
-        return ("ext", externals.setdefault(base, len(externals)), reshape, base.dtype)
+        if base in self.slot_of:
+            return ("in", self.slot_of[base], reshape, base.dtype)
+        if self.created_here(base) and self.first_use.get(base, (0, False))[1]:
+            return ("out", self.out_bufs.setdefault(base, len(self.out_bufs)), reshape, base.dtype)
+        return ("ext", self.externals.setdefault(base, len(self.externals)), reshape, base.dtype)
 
-    returned = _encode_return(ret, ref)
-    intermediates = [b for b, (_, write_only) in first_use.items()
-                     if created_here(b) and write_only and b not in out_bufs and b not in slot_of]
-    inter_set = set(intermediates)
+    def plan_arenas(self) -> None:
+        """Place the intermediates (made here, first written, neither input nor returned) per device, in that
+        device's arena, sharing space between buffers whose lifetimes do not overlap."""
+        intermediates = [b for b, (_, write_only) in self.first_use.items() if self.created_here(b) and
+                         write_only and b not in self.out_bufs and b not in self.slot_of]
+        for dev in sorted({b.device for b in intermediates}):
+            bufs = [b for b in intermediates if b.device == dev]
+            sizes = [b.arg[1] * _itemsize(b) for b in bufs]
+            offsets, total = plan_arena(sizes, [(self.first_use[b][0], self.last_use[b]) for b in bufs])
+            self.arena_plan[dev] = (dict(zip(bufs, offsets, strict=True)), total)
 
-    devices: dict[str, list[Any]] = {}
-    var_vals: dict[UOp, int] = {}
-    for ei in record:
-        # a kernel's float constants are its own arguments (each kernel numbers them from 0): they are bound
-        # to their values in its launch below, not variables of the graph
-        var_vals.update((v, val) for v, val in ei.var_vals.items() if not is_scalar_arg(v))
-    # intermediates per device, placed in that device's arena
-    arena_plan: dict[str, tuple[dict[UOp, int], int]] = {}
-    for dev in sorted({b.device for b in intermediates}):
-        bufs = [b for b in intermediates if b.device == dev]
-        sizes = [b.arg[1] * _itemsize(b) for b in bufs]
-        offsets, total = plan_arena(sizes, [(first_use[b][0], last_use[b]) for b in bufs])
-        arena_plan[dev] = (dict(zip(bufs, offsets, strict=True)), total)
-    device_order: list[str] = []
+    def use_device(self, dev: str) -> None:
+        if dev not in self.device_order:
+            self.device_order.append(dev)
 
-    def address(b: UOp, dev: str) -> Any:
+    def arena_bytes(self, dev: str) -> int:
+        return self.arena_plan.get(dev, ({}, 0))[1]
+
+    def address(self, b: UOp, dev: str) -> Any:
+        """The buffer's address in a command on `dev`: a variable the graph fills in (input, output, arena
+        base + offset, external)."""
         if b.device != dev:
-            raise JitError(f"{name}: a kernel on {dev} uses a buffer on {b.device}")
-        if b in slot_of:
-            return _input_var(slot_of[b])
-        if b in out_bufs:
-            return _output_var(out_bufs[b])
-        if b in inter_set:
-            off = arena_plan[dev][0][b]
-            arena = _arena_var(device_order.index(dev))
-            return arena + off if off else arena
-        return _ext_var(externals.setdefault(b, len(externals)))
+            raise JitError(f"{self.name}: a kernel on {dev} uses a buffer on {b.device}")
+        if b in self.slot_of:
+            return _input_var(self.slot_of[b])
+        if b in self.out_bufs:
+            return _output_var(self.out_bufs[b])
+        offsets = self.arena_plan.get(dev, ({}, 0))[0]
+        if b in offsets:
+            arena = _arena_var(self.device_order.index(dev))
+            return arena + offsets[b] if offsets[b] else arena
+        return _ext_var(self.externals.setdefault(b, len(self.externals)))
 
-    kernels = 0
-    for ei in record:
-        if not ei.bufs:
-            continue
-        dev = ei.bufs[0].device
-        if dev not in devices:
-            devices[dev] = []
-            device_order.append(dev)
-        if ei.kernel is None:
-            dst, src = ei.bufs
-            if src.device != dst.device:
-                raise JitError(f"{name}: copies between devices ({src.device} -> {dst.device}) cannot be "
-                               f"captured yet; move the data before calling the jitted function")
-            nbytes = dst.arg[1] * _itemsize(dst)
-            devices[dev].append(CopyCommand(address(dst, dev), address(src, dev), nbytes))
-            continue
-        ck = ei.kernel
-        contract = ck.linear.launch  # the kernel's launch contract: 3-D global size (patch points), block
-        dims: list[Any] = []
-        for g in contract.global_size:
-            if isinstance(g, UOp):
-                try:
-                    sym_eval(g, var_vals)
-                except TypeError as e:
-                    raise JitError(f"{name}: kernel {ck.name} has a launch size the graph cannot patch: "
-                                   f"{e}") from e
-                if not g.variables():
-                    g = sym_eval(g, {})
-            dims.append(g)
-        args = [address(b, dev) for b in ei.bufs] + \
-            [v.bind(ei.var_vals[v]) if is_scalar_arg(v) else v for v in ck.linear.variables]
-        devices[dev].append(KernelCommand(ck.program, args, (dims[0], dims[1], dims[2]), contract.local_size))
-        kernels += 1
+    def written_in_place(self, record: Sequence[ExecItem]) -> list[tuple[str, int]]:
+        """("in", slot) / ("ext", index) of the state the kernels write in place: what JIT_VERIFY compares."""
+        written: dict[tuple[str, int], None] = {}
+        for ei in record:
+            if ei.bufs:
+                b = ei.bufs[0]
+                if b in self.slot_of:
+                    written[("in", self.slot_of[b])] = None
+                elif b in self.externals:
+                    written[("ext", self.externals[b])] = None
+        return list(written)
 
-    graphs = []
-    profile = config.PROFILE()
-    for dev in device_order:
-        template, programs = build_template(Device[dev], devices[dev])
-        profiled = build_template(Device[dev], devices[dev], profile=True)[0] if profile else None
-        graphs.append(DeviceGraph(dev, template, arena_plan.get(dev, ({}, 0))[1], programs, profiled))
-    passed = set(call.var_vals)  # Variables passed in (as arguments or in input shapes)
-    consts = [(p, x) for p, x in call.leaves if not isinstance(x, Tensor) and
-              not (isinstance(x, UOp) and x.op is Ops.BIND)]
-    ext_list = sorted(externals, key=externals.__getitem__)
-    cap = CapturedGraph(call.key, consts,
-                        {v: val for v, val in var_vals.items() if v not in passed}, graphs, ext_list,
-                        [(b.device, b.arg[1], _dtype(b)) for b in sorted(out_bufs, key=out_bufs.__getitem__)],
-                        returned, kernels, reuse_outputs)
-    # Random draws: their key buffers are externals the kernels read; a replay writes the key the same
-    # draw would get eagerly (seed, counter at the call + its offset) into each before it launches.
-    cap.rng_draws = Tensor._rng_counter - rng_start
-    cap.rng_keys = [(externals[b], counter - rng_start) for b, counter in rng_made if b in externals]
-    # State the kernels write in place (inputs and externals): what JIT_VERIFY saves and compares.
-    written: dict[tuple[str, int], None] = {}
-    for ei in record:
-        if ei.bufs:
-            b = ei.bufs[0]
-            if b in slot_of:
-                written[("in", slot_of[b])] = None
-            elif b in externals:
-                written[("ext", externals[b])] = None
-    cap.written = list(written)
-    cap.link()
-    return ret, cap
+
+def _copy_command(name: str, ei: ExecItem, roles: _BufferRoles, dev: str) -> CopyCommand:
+    dst, src = ei.bufs
+    if src.device != dst.device:
+        raise JitError(f"{name}: copies between devices ({src.device} -> {dst.device}) cannot be "
+                       f"captured yet; move the data before calling the jitted function")
+    return CopyCommand(roles.address(dst, dev), roles.address(src, dev), dst.arg[1] * _itemsize(dst))
+
+
+def _kernel_command(name: str, ei: ExecItem, roles: _BufferRoles, dev: str,
+                    var_vals: dict[UOp, int]) -> KernelCommand:
+    """One launch: buffer addresses, then the kernel's variables (graph patch points) and float constants
+    (bound to their values), over the kernel's launch contract with symbolic sizes as patch points."""
+    ck = ei.kernel
+    assert ck is not None
+    contract = ck.linear.launch  # the kernel's launch contract: 3-D global size (patch points), block
+    dims: list[Any] = []
+    for g in contract.global_size:
+        if isinstance(g, UOp):
+            try:
+                sym_eval(g, var_vals)
+            except TypeError as e:
+                raise JitError(f"{name}: kernel {ck.name} has a launch size the graph cannot patch: "
+                               f"{e}") from e
+            if not g.variables():
+                g = sym_eval(g, {})
+        dims.append(g)
+    args = [roles.address(b, dev) for b in ei.bufs] + \
+        [v.bind(ei.var_vals[v]) if is_scalar_arg(v) else v for v in ck.linear.variables]
+    return KernelCommand(ck.program, args, (dims[0], dims[1], dims[2]), contract.local_size)
 
 
 def _itemsize(b: UOp) -> int:
