@@ -5,9 +5,12 @@ LLVM's own encoder output; or check that the committed table is what this produc
   python3 tools/amd_optable.py --check    # exit 1 unless optable.py is byte-identical to a fresh generation
                                           # and the decoder names every corpus instruction as LLVM prints it
 
-Method (../shared/AMD-METAL-FACTS.md section 2.3): each corpus kernel is optimized once, then emitted as
-assembly text and as an object, each from a freshly parsed module; the object's .text is walked with the
-format/length decoder and zipped instruction by instruction with the listing's mnemonics. Two entries for one
+Method (../shared/AMD-METAL-FACTS.md section 2.3): each kernel (the hand-written corpus of
+rawgrad/drivers/amd/mock/rdna3/corpus.py, then every distinct kernel the AMDGPU renderer makes for the op list
+`renderer_ops()` below) is compiled by rawgrad's AMDGPUCompiler to assembly text and to an object, each from a
+freshly parsed module; the object's .text is walked with the format/length decoder and zipped instruction by
+instruction with the listing's mnemonics (alignment padding, which the listing shows as `.p2align`, must be
+`s_nop 0` words). Two entries for one
 key, or a count mismatch, stop the tool. The table holds only what LLVM has emitted for the corpus: an opcode
 outside it decodes with no mnemonic and the interpreter refuses it by format and number.
 """
@@ -16,12 +19,111 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rawgrad.drivers.amd.mock.rdna3 import corpus, listing  # noqa: E402
+
+# The renderer's kernels in the corpus: every distinct kernel these tensor ops schedule on the CPU device,
+# rendered by the AMDGPU renderer (compiler/renderer/amdgpu.py) for gfx1100. tests/amd/test_rdna3_ops.py runs
+# each on the interpreter against the CPU device's result for the same buffers.
+
+
+def renderer_ops():  # type: ignore[no-untyped-def]
+    """The op list (small shapes; fixed seeds so the kernels and their inputs are the same every run)."""
+    import numpy as np
+
+    from rawgrad import Tensor, dtypes
+
+    rng = np.random.default_rng(18)
+    a = Tensor(rng.standard_normal((8, 64)).astype(np.float32))
+    b = Tensor(rng.standard_normal((8, 64)).astype(np.float32))
+    m = Tensor(rng.standard_normal((64, 16)).astype(np.float32))
+    yield (a * b + 1).relu()
+    yield a.exp()
+    yield a.log2()
+    yield a.sin()
+    yield a.abs().sqrt()
+    yield a.abs().pow(2.5)
+    yield a.sum(1)
+    yield a.max(axis=1)
+    yield a.sum()
+    yield a.mean(0)
+    yield a.softmax(-1)
+    yield Tensor(rng.standard_normal((4, 4096)).astype(np.float32)).sum(1)  # a block group: LDS + barriers
+    yield a @ m
+    yield a.cast(dtypes.float16) * 2
+    d = a.cast(dtypes.float64)
+    yield d.exp()
+    yield d.sqrt()
+    yield d.sum(1)
+    h = a.cast(dtypes.float16)
+    yield h.sum(1)
+    yield h.max(axis=1)
+    i = Tensor(np.arange(64, dtype=np.int32).reshape(8, 8) - 20)
+    yield i // 3
+    yield i % 5
+    yield i.sum(1)
+    yield (a > 0).where(a, b)
+    yield a.argmax(1)
+    emb, idx = Tensor(rng.standard_normal((10, 16)).astype(np.float32)), Tensor(np.array([1, 3, 9], np.int32))
+    yield emb[idx]
+
+
+@dataclass
+class Captured:
+    """One kernel launch on the CPU device: its AST and name, every buffer's contents before the launch (by
+    slot; slot 0 is the output), the output after it, and the scalar argument values."""
+
+    name: str
+    ast: Any
+    inputs: list[Any]
+    output: Any
+    var_vals: dict[Any, int]
+
+
+def capture_renderer_kernels() -> list[Captured]:
+    """Run renderer_ops() on the CPU device, keeping the first launch of each distinct kernel."""
+    from rawgrad.tensor import realize as realize_mod
+    from rawgrad.tensor.buffers import buffer_numpy
+
+    seen: dict[Any, Captured] = {}
+    names: dict[str, int] = {}
+    original = realize_mod.run_schedule
+
+    def spy(items):  # type: ignore[no-untyped-def]
+        for si in items:
+            if si.ast is None or si.bufs[0].arg[1] == 0 or si.ast in seen:
+                original([si])
+                continue
+            before = [buffer_numpy(b).copy() for b in si.bufs]
+            original([si])
+            # kernel names describe shapes, so different kernels can share one: number the repeats
+            k = names[si.name] = names.get(si.name, 0) + 1
+            name = si.name if k == 1 else f"{si.name}_n{k}"
+            seen[si.ast] = Captured(name, si.ast, before, buffer_numpy(si.bufs[0]).copy(), dict(si.var_vals))
+
+    realize_mod.run_schedule = spy
+    try:
+        for out in renderer_ops():
+            out.realize()
+    finally:
+        realize_mod.run_schedule = original
+    return list(seen.values())
+
+
+def render_for_mock(ast: Any, name: str) -> tuple[Any, str]:
+    """(LinearProgram, LLVM IR) of a kernel for the mock's target."""
+    from rawgrad.compiler.renderer.amdgpu import AMDGPURenderer
+
+    renderer = AMDGPURenderer(corpus.CPU)
+    prog = renderer.lower(ast, name)
+    return prog, renderer.render(prog)
+
 
 TABLE_PATH = ROOT / "rawgrad" / "drivers" / "amd" / "mock" / "rdna3" / "optable.py"
 FORMAT_ORDER = ("SOP1", "SOP2", "SOPC", "SOPK", "SOPP", "SMEM", "VOP1", "VOP2", "VOPC", "VOP3", "VOP3P",
@@ -42,6 +144,17 @@ def build() -> tuple[dict[tuple[str, int], str], list[str]]:
                 raise SystemExit(f"conflict: {key} is {have!r} and {mnemonic!r} (kernel {k.name})")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         notes.append(f"{k.name} (IR sha256 {digest}, {len(pairs)} instructions, a VOPD pair counted twice)")
+    names = []
+    for cap in capture_renderer_kernels():
+        _, ir = render_for_mock(cap.ast, cap.name)
+        c = corpus.compile_ir(cap.name, ir)
+        for key, mnemonic in listing.aligned_keys(c.obj, c.asm, cap.name):
+            have = table.setdefault(key, mnemonic)
+            if have != mnemonic:
+                raise SystemExit(f"conflict: {key} is {have!r} and {mnemonic!r} (renderer kernel {cap.name})")
+        names.append(cap.name)
+    notes.append(f"and the AMDGPU renderer's {len(names)} kernels of tools/amd_optable.py renderer_ops():")
+    notes.extend("    " + " ".join(names[i:i + 8]) for i in range(0, len(names), 8))
     return table, notes
 
 
@@ -74,12 +187,18 @@ def render(table: dict[tuple[str, int], str], notes: list[str]) -> str:
 
 
 def check(text: str) -> list[str]:
+    """Problems: the table file differs from `text`, or the decoder (with the table in the file, which the
+    decoder imported) names an instruction of a corpus or renderer kernel differently from LLVM."""
     problems = []
     if TABLE_PATH.read_text() != text:
         problems.append(f"{TABLE_PATH.relative_to(ROOT)} differs from a fresh generation (rerun the tool)")
     for k in corpus.KERNELS:
         c = corpus.compiled(k.name)
         problems.extend(listing.mismatches(c.obj, c.asm, k.name))
+    for cap in capture_renderer_kernels():
+        _, ir = render_for_mock(cap.ast, cap.name)
+        c = corpus.compile_ir(cap.name, ir)
+        problems.extend(listing.mismatches(c.obj, c.asm, cap.name))
     return problems
 
 
@@ -93,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         problems = check(text)
         for p in problems:
             print(p)
-        print(f"{len(table)} table entries, {len(corpus.KERNELS)} corpus kernels: "
+        print(f"{len(table)} table entries, {len(corpus.KERNELS)} corpus kernels and the renderer's: "
               f"{'OK' if not problems else f'{len(problems)} problem(s)'}")
         return 1 if problems else 0
     TABLE_PATH.write_text(text)
-    print(f"wrote {TABLE_PATH.relative_to(ROOT)}: {len(table)} entries from {len(corpus.KERNELS)} kernels")
+    print(f"wrote {TABLE_PATH.relative_to(ROOT)}: {len(table)} entries from {len(corpus.KERNELS)} corpus "
+          "kernels and the renderer's")
     return 0
 
 

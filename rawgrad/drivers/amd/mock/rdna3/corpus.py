@@ -1,21 +1,23 @@
 """The RDNA3 corpus: hand-written LLVM IR `amdgpu_kernel`s in the shapes rawgrad's kernels take, compiled for
-gfx1100 by llvmlite. tools/amd_optable.py derives the opcode table from them, and tests/amd runs them on the
-interpreter against numpy.
+gfx1100 by rawgrad's AMDGPUCompiler. tools/amd_optable.py derives the opcode table from them (and from the
+AMDGPU renderer's kernels), and tests/amd runs them on the interpreter against numpy.
 
 Each kernel maps work-item (x, y) of workgroup (x, y) to the element the IR computes; the launch geometry the
-tests use sits next to the IR in `CorpusKernel`. Compilation follows the facts in ../shared/AMD-METAL-FACTS.md
-section 1.8: triple and datalayout are set before parsing (allocas then land in addrspace(5)); every emission
-(assembly, object) gets a freshly parsed module, because AMDGPU codegen rewrites the module it runs on and a
-second emission from the same module aborts the process.
+tests use sits next to the IR in `CorpusKernel`. The compiler follows AMD-METAL-FACTS.md section 1.8:
+triple and datalayout are set before parsing (allocas then land in addrspace(5)); every emission (assembly,
+object) parses the IR afresh, because AMDGPU codegen rewrites the module it runs on and a second emission
+from one module aborts the process.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
 
-TRIPLE = "amdgcn-amd-amdhsa"
+from rawgrad.compiler.target import AMD_TRIPLE
+from rawgrad.compiler.toolchain import AMDGPU_FEATURES
+
+TRIPLE, FEATURES = AMD_TRIPLE, AMDGPU_FEATURES  # what the table's provenance header names
 CPU = "gfx1100"  # RDNA3, the mock's ISA (AMD-METAL-FACTS.md section 1.1)
-FEATURES = "+cumode"  # HIP's default -mcumode; without it LLVM emits WGP-mode code (section 1.8)
 OPT_LEVEL = 3
 
 _DECLS = """
@@ -524,13 +526,10 @@ class Compiled:
 
 
 @cache
-def _target_machine():  # type: ignore[no-untyped-def]
-    import llvmlite.binding as llvm  # imported here: only the tool and tests compile
+def _compiler():  # type: ignore[no-untyped-def]
+    from rawgrad.compiler.toolchain import AMDGPUCompiler  # the project's AMD compile path
 
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    target = llvm.Target.from_triple(TRIPLE)
-    return llvm, target.create_target_machine(cpu=CPU, features=FEATURES, opt=OPT_LEVEL, reloc="pic")
+    return AMDGPUCompiler(CPU, opt_level=OPT_LEVEL, cache_dir="")
 
 
 def llvm_version() -> str:
@@ -540,18 +539,10 @@ def llvm_version() -> str:
 
 
 def compile_ir(name: str, text: str) -> Compiled:
-    """Optimize `text` (an AMDGPU module without triple/datalayout) at O3, then emit assembly and an object,
-    each from its own freshly parsed copy of the optimized IR."""
-    llvm, tm = _target_machine()
-    head = f'target triple = "{TRIPLE}"\ntarget datalayout = "{tm.target_data}"\n'
-    mod = llvm.parse_assembly(head + text)
-    mod.verify()
-    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(OPT_LEVEL))
-    pb.getModulePassManager().run(mod, pb)
-    optimized = str(mod)
-    asm = tm.emit_assembly(llvm.parse_assembly(optimized))
-    obj = tm.emit_object(llvm.parse_assembly(optimized))
-    return Compiled(name, asm, bytes(obj))
+    """Compile an AMDGPU module with rawgrad's AMDGPUCompiler (O3, +cumode, a fresh parse per emission):
+    its assembly listing and its relocatable object."""
+    c = _compiler()
+    return Compiled(name, c.assembly(text), bytes(c.compile(text)))
 
 
 @cache
