@@ -1,7 +1,7 @@
 """The AMDGPU renderer's kernels on the RDNA3 interpreter: every distinct kernel of the op list in
 tools/amd_optable.py (elementwise, transcendental, reductions through wave groups and LDS block groups,
-matmul, half/double casts, integer division, argmax, gather) is rendered for gfx1100, compiled, loaded by rawgrad's
-loader and run on the mock with the exact buffers the CPU device saw; its output must match the CPU's.
+matmul, half/double casts, integer division, argmax, gather) is rendered for gfx1100, compiled, loaded by
+rawgrad's loader and run on the mock with the exact buffers the CPU device saw; its output must match.
 The decoder must also name every instruction of every such kernel as LLVM's listing does."""
 from __future__ import annotations
 
