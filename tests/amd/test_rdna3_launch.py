@@ -11,6 +11,7 @@ import pytest
 
 from rawgrad.drivers.amd.mock.rdna3 import corpus
 from rawgrad.drivers.amd.mock.rdna3 import decode as decode_mod
+from rawgrad.drivers.amd.mock.rdna3.listing import S_NOP_0
 from rawgrad.drivers.amd.mock.rdna3.interp import (
     MemoryFault,
     MemoryMap,
@@ -161,3 +162,51 @@ def test_memory_map_rejects_overlap_and_describes_faults() -> None:
         mem.load(np.array([0x10FC], np.uint64) + np.uint64(4), 4)
     with pytest.raises(MemoryFault, match="straddles|not inside"):
         mem.load(np.array([0x10FE], np.uint64), 4)  # starts inside, ends outside
+
+
+def _without_barrier(name: str, which: int) -> Program:
+    """The corpus kernel with its `which`-th s_barrier turned into s_nop 0 (same size, no effect)."""
+    p = corpus.program(name)
+    barriers = [pc for pc in range(p.entry, len(p.image), 4) if _is_barrier(p, pc)]
+    img = bytearray(p.image)
+    struct.pack_into("<I", img, barriers[which], S_NOP_0)
+    return Program(bytes(img), p.entry, p.kd, name)
+
+
+def _is_barrier(p: Program, pc: int) -> bool:
+    try:
+        return p.at(pc).mnemonic == "s_barrier"
+    except RDNA3Fault:
+        return False
+
+
+def test_missing_barrier_is_an_lds_race() -> None:
+    """reduce_sum's two waves exchange partial sums through LDS; without the first barrier (between the
+    stores of both waves and wave 0's reads of wave 1's slots) the lockstep order would still give the right
+    sum, so the race detector must report it."""
+    mem = MemoryMap()
+    mem.map(A, np.ones(64, np.float32))
+    mem.map(O, 4)
+    with pytest.raises(RDNA3Fault, match=r"LDS race in workgroup 0 of the batch: wave 0 reads byte 0x80, "
+                                         r"which wave 1 wrote since the last s_barrier"):
+        run(_without_barrier("reduce_sum", 0), mem, struct.pack("<2Qi", O, A, 64), (1, 1, 1), (64, 1, 1))
+
+
+def test_redundant_barrier_is_not_a_race() -> None:
+    """After the first tree level only wave 0 touches LDS, so the second barrier orders nothing: removing it
+    is no race (the detector must not report one) and the sum is unchanged."""
+    mem = MemoryMap()
+    mem.map(A, np.arange(64, dtype=np.float32))
+    out = mem.map(O, 4)
+    run(_without_barrier("reduce_sum", 1), mem, struct.pack("<2Qi", O, A, 64), (1, 1, 1), (64, 1, 1))
+    assert out.view(np.float32)[0] == np.float32(2016)
+
+
+def test_matmul_without_tile_barrier_races() -> None:
+    prog = _without_barrier("matmul_tiled", 0)
+    mem = MemoryMap()
+    mem.map(A, np.ones(256, np.float32))
+    mem.map(A + 0x10000, np.ones(256, np.float32))
+    mem.map(O, 1024)
+    with pytest.raises(RDNA3Fault, match="LDS race"):
+        run(prog, mem, struct.pack("<3Q3i", O, A, A + 0x10000, 16, 16, 16), (1, 1, 1), (16, 16, 1))

@@ -248,8 +248,14 @@ class _State:
         self.pc = np.full(nwaves, prog.entry, np.int64)
         self.status = np.full(nwaves, RUNNING, np.int8)
         self.group = np.zeros(nwaves, np.int64)  # workgroup of each wave, as an index into lds
-        self.lds = np.zeros((ngroups, max(prog.kd.group_segment_fixed_size, 1)), np.uint8)
+        self.wave_in_group = np.zeros(nwaves, np.int64)
+        lds_bytes = max(prog.kd.group_segment_fixed_size, 1)
+        self.lds = np.zeros((ngroups, lds_bytes), np.uint8)
         self.lds_size = prog.kd.group_segment_fixed_size
+        # the race detector's record of the current barrier epoch, per LDS byte: the wave (in its group) that
+        # wrote it (-1: none) and a bit per wave that read it; a group has at most 1024 / 32 = 32 waves
+        self.lds_writer = np.full((ngroups, lds_bytes), -1, np.int8)
+        self.lds_readers = np.zeros((ngroups, lds_bytes), np.uint32)
         self.dn32, self.dn16 = denorm_modes(prog.kd)
 
     def exec_mask(self, w: np.ndarray) -> np.ndarray:
@@ -1149,8 +1155,9 @@ def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
 
 
 def _lds_index(st: _State, ins: Instr, w: np.ndarray, sel: tuple[np.ndarray, ...], addr: np.ndarray,
-               size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(workgroup row, byte columns) of LDS accesses of `size` bytes at `addr`, bounds-checked."""
+               size: int, store: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(workgroup row, byte columns) of LDS accesses of `size` bytes at `addr`, bounds-checked and checked
+    for races (see `_lds_race`)."""
     if (addr + size > st.lds_size).any():
         bad = int(addr[addr + size > st.lds_size][0])
         raise MemoryFault(f"LDS access of {size} bytes at {bad:#x}: past the workgroup's {st.lds_size} bytes "
@@ -1159,7 +1166,34 @@ def _lds_index(st: _State, ins: Instr, w: np.ndarray, sel: tuple[np.ndarray, ...
         bad = int(addr[(addr % min(size, 4)) != 0][0])
         raise RDNA3Fault(f"misaligned LDS access of {size} bytes at {bad:#x}")
     rows = st.group[w[sel[0]]][:, None]
-    return rows, addr[:, None] + np.arange(size)
+    cols = addr[:, None] + np.arange(size)
+    _lds_race(st, st.wave_in_group[w[sel[0]]], rows, cols, store)
+    return rows, cols
+
+
+def _lds_race(st: _State, waves: np.ndarray, rows: np.ndarray, cols: np.ndarray, store: bool) -> None:
+    """Fault on an LDS access another wave of the workgroup made conflicting since the last s_barrier: a read
+    of bytes another wave wrote, or a write to bytes another wave read or wrote. Waves are not ordered
+    between barriers on hardware, so such code is a race even where this interpreter's lockstep order would
+    give the intended value. Lanes of one wave are ordered, so they never race with each other."""
+    for k in np.unique(waves):
+        m = waves == k
+        rr, cc = np.broadcast_to(rows[m], cols[m].shape), cols[m]
+        wrote = st.lds_writer[rr, cc]
+        clash = (wrote >= 0) & (wrote != k)
+        bit = np.uint32(1 << int(k))
+        read = (st.lds_readers[rr, cc] & ~bit) if store else np.zeros(cc.shape, np.uint32)
+        if clash.any() or read.any():
+            i, j = np.argwhere(clash | (read != 0))[0]
+            readers = int(read[i, j])
+            other = int(wrote[i, j]) if clash[i, j] else (readers & -readers).bit_length() - 1
+            raise RDNA3Fault(f"LDS race in workgroup {int(rr[i, 0])} of the batch: wave {int(k)} "
+                             f"{'writes' if store else 'reads'} byte {int(cc[i, j]):#x}, which wave {other} "
+                             f"{'wrote' if clash[i, j] else 'read'} since the last s_barrier")
+        if store:
+            st.lds_writer[rr, cc] = k
+        else:
+            st.lds_readers[rr, cc] |= bit
 
 
 def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
@@ -1174,7 +1208,7 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
     stores = {"ds_store_b32": 4, "ds_store_b64": 8, "ds_store_b128": 16, "ds_store_b8": 1, "ds_store_b16": 2}
     if base in singles:
         size = singles[base]
-        rows, cols = _lds_index(st, ins, w, sel, a0 + off16, size)
+        rows, cols = _lds_index(st, ins, w, sel, a0 + off16, size, store=False)
         raw = st.lds[rows, cols]
         if size >= 4:
             words = np.ascontiguousarray(raw).view(np.uint32)
@@ -1186,7 +1220,7 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         return
     if base in stores:
         size = stores[base]
-        rows, cols = _lds_index(st, ins, w, sel, a0 + off16, size)
+        rows, cols = _lds_index(st, ins, w, sel, a0 + off16, size, store=True)
         words = np.stack([st.v[f["data0"] + r][w[sel[0]], sel[1]] for r in range(max(size // 4, 1))], axis=1)
         st.lds[rows, cols] = words.astype(np.uint32).view(np.uint8).reshape(len(a0), -1)[:, :size]
         return
@@ -1213,7 +1247,7 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         size, unit, load = two[base]
         nw = size // 4
         for k, off in enumerate((f["offset0"], f["offset1"])):
-            rows, cols = _lds_index(st, ins, w, sel, a0 + off * unit, size)
+            rows, cols = _lds_index(st, ins, w, sel, a0 + off * unit, size, store=not load)
             if load:
                 words = np.ascontiguousarray(st.lds[rows, cols]).view(np.uint32)
                 for r in range(nw):
@@ -1280,6 +1314,7 @@ def _init_waves(st: _State, kd: KernelDescriptor, kernarg_va: int, groups: list[
         for k in range(wpg):
             wv = g * wpg + k
             st.group[wv] = g
+            st.wave_in_group[wv] = k
             if props & KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR:
                 st.s[wv, user] = kernarg_va & 0xFFFFFFFF
                 st.s[wv, user + 1] = kernarg_va >> 32
@@ -1373,3 +1408,5 @@ def _release_barriers(st: _State) -> None:
         mine = st.group == g
         if not (st.status[mine] == RUNNING).any():
             st.status[mine & (st.status == PARKED)] = RUNNING
+            st.lds_writer[g] = -1  # accesses before the barrier are ordered before those after it
+            st.lds_readers[g] = 0
