@@ -11,7 +11,6 @@ import pytest
 
 from rawgrad.drivers.amd.mock.rdna3 import corpus
 from rawgrad.drivers.amd.mock.rdna3 import decode as decode_mod
-from rawgrad.drivers.amd.mock.rdna3.listing import S_NOP_0
 from rawgrad.drivers.amd.mock.rdna3.interp import (
     MemoryFault,
     MemoryMap,
@@ -21,6 +20,7 @@ from rawgrad.drivers.amd.mock.rdna3.interp import (
     _fma32,
     run,
 )
+from rawgrad.drivers.amd.mock.rdna3.listing import S_NOP_0
 
 A, O = 0x1_0000_0000, 0x2_0000_0000
 
