@@ -277,3 +277,26 @@ def test_guard_is_32_bit_when_the_launch_fits_and_64_bit_otherwise(amd_compilers
     ir = AMDGPURenderer("gfx1100").render(huge)
     assert re.search(r"icmp slt i64 %v\d+, 8589934592", ir) and "icmp ult i32" not in ir
     load_code_object(amd_compilers["gfx1100"].compile(ir), "gfx1100")
+
+
+def test_proven_vector_groups_become_128_bit_accesses(amd_compilers) -> None:  # type: ignore[no-untyped-def]
+    ones = np.ones((64, 64), np.float32)
+    for arch, wide in (("gfx1100", "global_load_b128"), ("gfx942", "global_load_dwordx4")):
+        prog = _programs(arch, lambda x=ones: [Tensor(x) * Tensor(x) + 1])[-1]
+        assert len(prog.vector_groups) == 3  # the store and both loads are proven consecutive and aligned
+        ir = AMDGPURenderer(arch).render(prog)
+        assert ir.count("load <4 x float>") == 2 and ir.count("store <4 x float>") == 1
+        assert ir.count(", align 16") == 3 and " load float" not in ir and "store float" not in ir
+        asm = amd_compilers[arch].assembly(ir)
+        assert wide in asm and wide.replace("load", "store") in asm
+
+
+def test_group_loads_happen_before_the_group_store() -> None:
+    # an output may alias an input at the same index (in-place elementwise): every lane must be read before
+    # the vector store writes any of them
+    a = Tensor(np.arange(16, dtype=np.float32))
+    prog = _programs("gfx1100", lambda: [a + 1])[-1]
+    lines = AMDGPURenderer("gfx1100").render(prog).splitlines()
+    load_at = max(i for i, line in enumerate(lines) if "load <4 x float>" in line)
+    store_at = next(i for i, line in enumerate(lines) if "store <4 x float>" in line)
+    assert load_at < store_at

@@ -112,6 +112,9 @@ class AMDGPUEmitter(LLVMEmitter):
         if self.group_slots * GROUP_SLOT_BYTES != prog.launch.shared_bytes:
             raise ValueError(f"AMDGPU renderer: the launch declares {prog.launch.shared_bytes} shared bytes, "
                              f"the group combine needs {self.group_slots * GROUP_SLOT_BYTES}")
+        # proven vector groups (compiler/lower.py): each group's lanes become one <N x T> load or store
+        self.group_of: dict[UOp, tuple[UOp, ...]] = {u: g for g in prog.vector_groups for u in g}
+        self.vectors: dict[tuple[UOp, ...], str] = {}
         self.done_label = "done"
         self.tid = ""  # workitem id in the block (i32), set by the global range
         self.store_gate: str | None = None
@@ -210,6 +213,48 @@ class AMDGPUEmitter(LLVMEmitter):
         super().store(ptr, mem_t, v)
         self.emit(f"br label %{skip}")
         self.lines.append(f"{skip}:")
+
+    # ------------------------------------------------------------------ vector access
+    # A proven group's first lane starts at a multiple of the group's size in elements of a buffer that is at
+    # least 256-byte aligned, so one <N x T> access with `align N*size` is exact: one global_load/store_b128
+    # for four 32-bit lanes. (Without it LLVM keeps the lanes scalar: the buffers may alias, so it cannot
+    # move lane 1's load above lane 0's store.) Lanes load together before any lane stores, as the PTX
+    # renderer's v4 accesses do; rawgrad only aliases an output with an input at the same index.
+    def statement(self, st: UOp) -> None:
+        group = self.group_of.get(st)
+        if st.op is not Ops.STORE or group is None:
+            super().statement(st)
+        elif st is group[0]:  # the first lane stores the whole vector; the others are in it
+            glob = st.src[0].src[0]
+            assert glob.dtype is not None
+            t = reg_type(glob.dtype)
+            vec = "undef"
+            for k, lane in enumerate(group):
+                value = self.value(lane.src[1])
+                nxt = self.tmp()
+                self.emit(f"{nxt} = insertelement <{len(group)} x {t}> {vec}, {t} {value}, i32 {k}")
+                vec = nxt
+            ptr = self.address(glob, self.value(st.src[0].src[1]))
+            self.emit(f"store <{len(group)} x {t}> {vec}, {self.global_ptr} {ptr}, "
+                      f"align {len(group) * glob.dtype.itemsize}")
+
+    def _value(self, u: UOp, reassoc: bool) -> str:
+        group = self.group_of.get(u)
+        if u.op is not Ops.LOAD or group is None:
+            return super()._value(u, reassoc)
+        glob = group[0].src[0].src[0]
+        assert glob.dtype is not None
+        t = reg_type(glob.dtype)
+        vec = self.vectors.get(group)
+        if vec is None:
+            ptr = self.address(glob, self.value(group[0].src[0].src[1]))
+            vec = self.tmp()
+            self.emit(f"{vec} = load <{len(group)} x {t}>, {self.global_ptr} {ptr}, "
+                      f"align {len(group) * glob.dtype.itemsize}")
+            self.vectors[group] = vec
+        out = self.tmp()
+        self.emit(f"{out} = extractelement <{len(group)} x {t}> {vec}, i32 {group.index(u)}")
+        return out
 
     # ------------------------------------------------------------------ group reductions
     def group_combine(self, st: UOp) -> None:
