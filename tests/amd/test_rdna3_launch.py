@@ -210,3 +210,60 @@ def test_matmul_without_tile_barrier_races() -> None:
     mem.map(O, 1024)
     with pytest.raises(RDNA3Fault, match="LDS race"):
         run(prog, mem, struct.pack("<3Q3i", O, A, A + 0x10000, 16, 16, 16), (1, 1, 1), (16, 16, 1))
+
+
+def _without_waitcnt(name: str, text: str) -> Program:
+    """The corpus kernel with its first `s_waitcnt` whose operand LLVM printed as `text` made an s_nop."""
+    p = corpus.program(name)
+    c = corpus.compiled(name)
+    printed = [ln.strip() for ln in c.asm.split(f"\n{name}:\n")[1].splitlines()]
+    waits = [ln for ln in printed if ln.startswith("s_waitcnt ")]
+    pcs = [pc for pc in range(p.entry, len(p.image), 4) if _mnemonic(p, pc) == "s_waitcnt"]
+    img = bytearray(p.image)
+    struct.pack_into("<I", img, pcs[waits.index(f"s_waitcnt {text}")], S_NOP_0)
+    return Program(bytes(img), p.entry, p.kd, name)
+
+
+def _mnemonic(p: Program, pc: int) -> str | None:
+    try:
+        return p.at(pc).mnemonic
+    except RDNA3Fault:
+        return None
+
+
+def test_missing_scalar_waitcnt_is_reported() -> None:
+    """divergent loads n with s_load_b32 and compares with it after `s_waitcnt lgkmcnt(0)`; without the wait
+    the compare would read the old s2 on hardware: the interpreter reports the read."""
+    mem = MemoryMap()
+    mem.map(A, np.ones(4, np.float32))
+    mem.map(O, 16)
+    pattern = r"reads s\d+ while s_load_b\d+ at pc 0x[0-9a-f]+, which loads it, is still in flight: a missing"
+    with pytest.raises(RDNA3Fault, match=pattern + " s_waitcnt"):
+        run(_without_waitcnt("divergent", "lgkmcnt(0)"), mem, struct.pack("<2Qi", O, A, 4), (1, 1, 1),
+            (64, 1, 1))
+
+
+def test_missing_vector_waitcnt_is_reported() -> None:
+    mem = MemoryMap()
+    mem.map(A, np.ones(4, np.float32))
+    mem.map(O, 16)
+    with pytest.raises(RDNA3Fault, match=r"v\d+ while global_load_b32 at pc 0x[0-9a-f]+, which loads it, is "
+                                         r"still in flight"):
+        run(_without_waitcnt("divergent", "vmcnt(0)"), mem, struct.pack("<2Qi", O, A, 4), (1, 1, 1),
+            (64, 1, 1))
+
+
+def test_lds_loads_complete_at_their_waitcnt() -> None:
+    """matmul_tiled waits for its 16 LDS loads in steps (lgkmcnt(12), (11), ... (0)) and uses each pair as
+    soon as its wait allows. A read of a register whose load is still queued faults, so this run passing shows
+    every partial wait released the oldest loads, the ones the code reads next (the in-order LDS queue)."""
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((16, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
+    mem = MemoryMap()
+    mem.map(A, a)
+    mem.map(A + 0x10000, b)
+    out = mem.map(O, 1024)
+    run(corpus.program("matmul_tiled"), mem, struct.pack("<3Q3i", O, A, A + 0x10000, 16, 16, 16), (1, 1, 1),
+        (16, 16, 1))
+    np.testing.assert_allclose(out.view(np.float32).reshape(16, 16), a.astype(np.float64) @ b, rtol=1e-5,
+                               atol=1e-5)

@@ -239,6 +239,15 @@ RUNNING, PARKED, ENDED = 0, 1, 2
 _LANES = np.arange(WAVE, dtype=np.uint32)
 
 
+VMCNT, LGKMCNT = "vmcnt", "lgkmcnt"
+# s_waitcnt simm16 fields on gfx11 (checked against LLVM's encodings of vmcnt(N) / lgkmcnt(N) in the corpus)
+WAITCNT_VM_SHIFT, WAITCNT_LGKM_SHIFT, WAITCNT_COUNT_MASK = 10, 4, 0x3F
+
+# one deferred register write of a load: ("v", reg, lanes, uint32 values) replaces those lanes,
+# ("v_lo16"/"v_hi16", ...) replaces one half, ("s", reg, None, uint32 value) an SGPR
+_Write = tuple[str, int, Any, Any]
+
+
 class _State:
     def __init__(self, prog: Program, memory: MemoryMap, nwaves: int, nvgprs: int, ngroups: int) -> None:
         self.prog, self.memory = prog, memory
@@ -256,7 +265,20 @@ class _State:
         # wrote it (-1: none) and a bit per wave that read it; a group has at most 1024 / 32 = 32 waves
         self.lds_writer = np.full((ngroups, lds_bytes), -1, np.int8)
         self.lds_readers = np.zeros((ngroups, lds_bytes), np.uint32)
+        # loads in flight (see _defer): per counter and wave, the register writes each load will make, in
+        # issue order; per register, how many loads in flight write it and the pc of the latest
+        self.in_flight: dict[str, list[list[tuple[int, list[_Write]]]]] = {
+            c: [[] for _ in range(nwaves)] for c in (VMCNT, LGKMCNT)}
+        self.v_pending = np.zeros((nvgprs, nwaves), np.int32)
+        self.v_pending_pc = np.zeros((nvgprs, nwaves), np.int64)
+        self.s_pending = np.zeros((nwaves, SGPR_FILE), np.int32)
+        self.s_pending_pc = np.zeros((nwaves, SGPR_FILE), np.int64)
         self.dn32, self.dn16 = denorm_modes(prog.kd)
+
+    def vread(self, reg: int, w: np.ndarray, lanes: Any = slice(None)) -> np.ndarray:
+        """VGPR reg of waves w (optionally selected lanes), after checking no load in flight writes it."""
+        _check_pending(self, "v", reg, w, "reads")
+        return self.v[reg][w, lanes] if not isinstance(lanes, slice) else self.v[reg][w]
 
     def exec_mask(self, w: np.ndarray) -> np.ndarray:
         """bool[k, 32]: the lanes EXEC enables in each selected wave."""
@@ -269,6 +291,66 @@ class _State:
 def _pack_mask(bits: np.ndarray) -> np.ndarray:
     """bool[k, 32] -> uint32[k] with lane i in bit i."""
     return (bits.astype(np.uint32) << _LANES).sum(axis=1, dtype=np.uint64).astype(np.uint32)
+
+
+# ---------------------------------------------------------------------- loads in flight
+# Loads complete when the program waits for them: a load's register writes are queued and made when an
+# s_waitcnt brings its counter (vmcnt for global loads, lgkmcnt for scalar and LDS loads) down past it, as
+# on hardware, where a register read before that wait sees the old value. The queues complete in issue order
+# (true for vmcnt loads and for LDS; LLVM waits lgkmcnt(0) whenever scalar loads, which may return out of
+# order, are in flight). Reading or writing a register that a load in flight will write is reported as a
+# missing s_waitcnt instead of computing with the stale value.
+def _check_pending(st: _State, kind: str, reg: int, w: np.ndarray, what: str, n: int = 1) -> None:
+    pend = st.v_pending[reg:reg + n][:, w] if kind == "v" else st.s_pending[w, reg:reg + n].T
+    if pend.any():
+        r, k = (int(x) for x in np.argwhere(pend)[0])
+        wave = int(w[k])
+        pc = int(st.v_pending_pc[reg + r, wave] if kind == "v" else st.s_pending_pc[wave, reg + r])
+        raise RDNA3Fault(f"{what} {kind}{reg + r} while {st.prog.at(pc).name} at pc {pc - st.prog.entry:#x}, "
+                         f"which loads it, is still in flight: a missing s_waitcnt (wave {wave})")
+
+
+def _defer(st: _State, ins: Instr, counter: str, w: np.ndarray, writes_of: Any) -> None:
+    """Queue a load's writes: writes_of(k) gives the list of _Write of the k-th wave of w."""
+    for k, wave in enumerate(w.tolist()):
+        writes = writes_of(k)
+        st.in_flight[counter][wave].append((ins.pc, writes))
+        for kind, reg, _, _ in writes:
+            if kind == "s":
+                st.s_pending[wave, reg] += 1
+                st.s_pending_pc[wave, reg] = ins.pc
+            else:
+                st.v_pending[reg, wave] += 1
+                st.v_pending_pc[reg, wave] = ins.pc
+
+
+def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
+    """Make the writes of the oldest loads of each wave until at most `keep` remain in flight."""
+    for wave in w.tolist():
+        queue = st.in_flight[counter][wave]
+        while len(queue) > keep:
+            _, writes = queue.pop(0)
+            for kind, reg, lanes, vals in writes:
+                if kind == "s":
+                    st.s[wave, reg] = vals
+                    st.s_pending[wave, reg] -= 1
+                    continue
+                cur = st.v[reg][wave, lanes]
+                if kind == "v_lo16":
+                    vals = (cur & np.uint32(0xFFFF0000)) | vals
+                elif kind == "v_hi16":
+                    vals = (cur & np.uint32(0xFFFF)) | (vals << np.uint32(16))
+                st.v[reg][wave, lanes] = vals
+                st.v_pending[reg, wave] -= 1
+
+
+def _defer_lanes(st: _State, ins: Instr, counter: str, w: np.ndarray, sel: tuple[np.ndarray, ...],
+                 regs: list[tuple[str, int, np.ndarray]]) -> None:
+    """Queue per-lane VGPR writes: regs holds (kind, reg, values for the selected (wave, lane) pairs)."""
+    def writes_of(k: int) -> list[_Write]:
+        m = sel[0] == k
+        return [(kind, reg, sel[1][m], vals[m]) for kind, reg, vals in regs]
+    _defer(st, ins, counter, w, writes_of)
 
 
 # ---------------------------------------------------------------------- float helpers
@@ -639,11 +721,14 @@ def _read_bits(st: _State, op: Operand, ty: str, w: np.ndarray, hi: bool = False
     """An operand's bits as unsigned ints of the type's width, shape (k, 32) for VGPRs, (k, 1) for scalars."""
     width = _WIDTH[ty]
     if op.kind == "vgpr":
+        _check_pending(st, "v", op.index, w, "reads", 2 if width == 64 else 1)
         if width == 64:
             lo = st.v[op.index][w].astype(np.uint64)
             return lo | (st.v[op.index + 1][w].astype(np.uint64) << np.uint64(32))
         x = st.v[op.index][w]
     elif op.kind == "sgpr":
+        if op.index < NUM_SGPRS:
+            _check_pending(st, "s", op.index, w, "reads", 2 if width == 64 else 1)
         if op.index == SGPR_NULL:
             x = np.zeros((len(w), 1), np.uint32)
         elif width == 64:
@@ -675,6 +760,7 @@ def _write_v(st: _State, reg: int, w: np.ndarray, vals: np.ndarray, ty: str, lan
     width = _WIDTH[ty]
     if reg + (2 if width == 64 else 1) > st.v.shape[0]:
         raise RDNA3Fault(f"v{reg} is beyond the {st.v.shape[0]} VGPRs the kernel descriptor allocates")
+    _check_pending(st, "v", reg, w, "writes", 2 if width == 64 else 1)
     arr = np.asarray(vals)
     if ty in _FLOAT_TYPES:
         arr = arr.astype(_FLOAT_TYPES[ty])
@@ -699,6 +785,8 @@ def _write_s(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
     """Write uint32[k] to SGPR reg of the selected waves (writes to null are dropped)."""
     if reg == SGPR_NULL:
         return
+    if reg < NUM_SGPRS:
+        _check_pending(st, "s", reg, w, "writes")
     if reg >= SGPR_FILE or (reg >= NUM_SGPRS and reg not in (VCC_LO, VCC_LO + 1, M0, EXEC_LO, EXEC_LO + 1)):
         raise RDNA3Fault(f"scalar destination {reg} is not a writable register")
     st.s[w, reg] = np.asarray(vals).astype(np.uint32)
@@ -1043,7 +1131,7 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         st.scc[w] = np.asarray(scc).astype(np.uint32)
 
 
-_NOPS = {"s_waitcnt", "s_waitcnt_vscnt", "s_waitcnt_vmcnt", "s_waitcnt_expcnt", "s_waitcnt_lgkmcnt",
+_NOPS = {"s_waitcnt_vscnt", "s_waitcnt_vmcnt", "s_waitcnt_expcnt", "s_waitcnt_lgkmcnt",
          "s_waitcnt_depctr", "s_delay_alu", "s_clause", "s_nop", "s_set_inst_prefetch_distance",
          "s_sendmsg", "buffer_gl0_inv", "buffer_gl1_inv"}  # timing and cache controls: memory is coherent
 SENDMSG_DEALLOC_VGPRS = 0xB3  # s_sendmsg sendmsg(MSG_DEALLOC_VGPRS), the only message the mock accepts
@@ -1051,6 +1139,11 @@ SENDMSG_DEALLOC_VGPRS = 0xB3  # s_sendmsg sendmsg(MSG_DEALLOC_VGPRS), the only m
 
 def _sopp(st: _State, ins: Instr, w: np.ndarray, base: str) -> bool:
     """Program-control instructions; True when the pc was set (a branch taken or the wave parked/ended)."""
+    if base == "s_waitcnt":
+        simm = ins.fields["simm16"]
+        _complete(st, VMCNT, w, (simm >> WAITCNT_VM_SHIFT) & WAITCNT_COUNT_MASK)
+        _complete(st, LGKMCNT, w, (simm >> WAITCNT_LGKM_SHIFT) & WAITCNT_COUNT_MASK)
+        return False
     if base in _NOPS:
         if base == "s_sendmsg" and ins.fields["simm16"] != SENDMSG_DEALLOC_VGPRS:
             raise MockUnsupported(ins.name, f"message {ins.fields['simm16']:#x}")
@@ -1086,13 +1179,16 @@ def _smem(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
     off = f["offset"] - (1 << 21) if f["offset"] >> 20 else f["offset"]  # 21-bit signed byte offset
     addr = addr + off
     if f["soffset"] != SGPR_NULL:
+        _check_pending(st, "s", f["soffset"], w, "reads")
         addr = addr + st.s[w, f["soffset"]].astype(np.int64)
     addr = (addr & ~3).astype(np.uint64)  # scalar memory ignores the two low address bits (dword access)
     data = st.memory.load(addr, 4 * n, "scalar load").view(np.uint32).reshape(len(w), n)
     sd = f["sdata"]
     if sd + n > NUM_SGPRS:
         raise RDNA3Fault(f"{ins.name} writes s{sd}..s{sd + n - 1}, past s{NUM_SGPRS - 1}")
-    st.s[w, sd:sd + n] = data
+    for j in range(n):
+        _check_pending(st, "s", sd + j, w, "writes")  # an older load in flight to the same SGPR
+    _defer(st, ins, LGKMCNT, w, lambda k: [("s", sd + j, None, data[k, j]) for j in range(n)])
 
 
 _GLOBAL_LOADS = {"global_load_b32": (4, 1), "global_load_b64": (8, 2), "global_load_b96": (12, 3),
@@ -1116,7 +1212,7 @@ def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         addr = _read_bits(st, Operand("vgpr", f["addr"]), "b64", w).astype(np.int64)
     else:  # SGPR-pair base plus a 32-bit VGPR offset
         sbase = _read_bits(st, Operand("sgpr", f["saddr"]), "b64", w).astype(np.int64)
-        addr = sbase + st.v[f["addr"]][w].astype(np.int64)
+        addr = sbase + st.vread(f["addr"], w).astype(np.int64)
     addr = (addr + off).astype(np.uint64)
     sel = np.nonzero(lanes)
     a = addr[sel]
@@ -1126,26 +1222,25 @@ def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         vdst = f["vdst"]
         if size >= 4:
             words = raw.view(np.uint32).reshape(-1, nregs)
-            for r in range(nregs):
-                st.v[vdst + r][w[sel[0]], sel[1]] = words[:, r]
+            _defer_lanes(st, ins, VMCNT, w, sel, [("v", vdst + r, words[:, r]) for r in range(nregs)])
             return
         val = raw.view(np.uint8 if size == 1 else np.uint16).reshape(-1)
-        cur = st.v[vdst][w[sel[0]], sel[1]]
+        kind = "v"
         if name.endswith("_i8") or name.endswith("_i16"):
             new = val.view(np.int8 if size == 1 else np.int16).astype(np.int32).view(np.uint32)
         elif name == "global_load_d16_b16":  # into the low half, keeping the high half
-            new = (cur & np.uint32(0xFFFF0000)) | val.astype(np.uint32)
+            new, kind = val.astype(np.uint32), "v_lo16"
         elif name == "global_load_d16_hi_b16":
-            new = (cur & np.uint32(0xFFFF)) | (val.astype(np.uint32) << np.uint32(16))
+            new, kind = val.astype(np.uint32), "v_hi16"
         else:
             new = val.astype(np.uint32)
-        st.v[vdst][w[sel[0]], sel[1]] = new
+        _defer_lanes(st, ins, VMCNT, w, sel, [(kind, vdst, new)])
         return
     if name in _GLOBAL_STORES:
         size = _GLOBAL_STORES[name]
         d = f["data"]
         nregs = max(size // 4, 1)
-        words = np.stack([st.v[d + r][w[sel[0]], sel[1]] for r in range(nregs)], axis=1)
+        words = np.stack([st.vread(d + r, w[sel[0]], sel[1]) for r in range(nregs)], axis=1)
         if name == "global_store_d16_hi_b16":
             words = words >> np.uint32(16)
         raw = words.astype(np.uint32).view(np.uint8).reshape(len(a), 4 * nregs)[:, :size]
@@ -1202,7 +1297,7 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         raise MockUnsupported(ins.name, "GDS")
     lanes = st.exec_mask(w)
     sel = np.nonzero(lanes)
-    a0 = st.v[f["addr"]][w[sel[0]], sel[1]].astype(np.int64)
+    a0 = st.vread(f["addr"], w[sel[0]], sel[1]).astype(np.int64)
     off16 = f["offset0"] | (f["offset1"] << 8)
     singles = {"ds_load_b32": 4, "ds_load_b64": 8, "ds_load_b128": 16, "ds_load_u8": 1, "ds_load_u16": 2}
     stores = {"ds_store_b32": 4, "ds_store_b64": 8, "ds_store_b128": 16, "ds_store_b8": 1, "ds_store_b16": 2}
@@ -1212,24 +1307,25 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         raw = st.lds[rows, cols]
         if size >= 4:
             words = np.ascontiguousarray(raw).view(np.uint32)
-            for r in range(size // 4):
-                st.v[f["vdst"] + r][w[sel[0]], sel[1]] = words[:, r]
+            regs = [("v", f["vdst"] + r, words[:, r]) for r in range(size // 4)]
+            _defer_lanes(st, ins, LGKMCNT, w, sel, regs)
         else:
-            st.v[f["vdst"]][w[sel[0]], sel[1]] = np.ascontiguousarray(raw).view(
-                np.uint8 if size == 1 else np.uint16).reshape(-1).astype(np.uint32)
+            val = np.ascontiguousarray(raw).view(np.uint8 if size == 1 else np.uint16).reshape(-1)
+            _defer_lanes(st, ins, LGKMCNT, w, sel, [("v", f["vdst"], val.astype(np.uint32))])
         return
     if base in stores:
         size = stores[base]
         rows, cols = _lds_index(st, ins, w, sel, a0 + off16, size, store=True)
-        words = np.stack([st.v[f["data0"] + r][w[sel[0]], sel[1]] for r in range(max(size // 4, 1))], axis=1)
+        words = np.stack([st.vread(f["data0"] + r, w[sel[0]], sel[1]) for r in range(max(size // 4, 1))],
+                         axis=1)
         st.lds[rows, cols] = words.astype(np.uint32).view(np.uint8).reshape(len(a0), -1)[:, :size]
         return
     if base in ("ds_bpermute_b32", "ds_permute_b32"):
         # lanes exchange through the LDS crossbar (no LDS memory is touched): bpermute lane i reads data0 of
         # lane ((addr[i] + offset) / 4) mod 32; permute lane i writes its data0 to that lane. Inactive lanes
         # contribute 0 (RDNA3 ISA, DS_BPERMUTE_B32 / DS_PERMUTE_B32)
-        addr = ((st.v[f["addr"]][w].astype(np.int64) + off16) >> 2) % WAVE
-        data = np.where(lanes, st.v[f["data0"]][w], np.uint32(0))
+        addr = ((st.vread(f["addr"], w).astype(np.int64) + off16) >> 2) % WAVE
+        data = np.where(lanes, st.vread(f["data0"], w), np.uint32(0))
         rows = np.arange(len(w))[:, None]
         if base == "ds_bpermute_b32":
             got = data[rows, addr]
@@ -1237,8 +1333,7 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
             got = np.zeros_like(data)
             rr, ll = np.nonzero(lanes)
             got[rr, addr[rr, ll]] = data[rr, ll]
-        cur = st.v[f["vdst"]][w]
-        st.v[f["vdst"]][w] = np.where(lanes, got, cur)
+        _defer_lanes(st, ins, LGKMCNT, w, sel, [("v", f["vdst"], got[sel])])
         return
     two = {"ds_load_2addr_b32": (4, 4, True), "ds_load_2addr_stride64_b32": (4, 256, True),
            "ds_store_2addr_b32": (4, 4, False), "ds_store_2addr_stride64_b32": (4, 256, False),
@@ -1246,16 +1341,18 @@ def _ds(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
     if base in two:
         size, unit, load = two[base]
         nw = size // 4
+        loaded: list[tuple[str, int, np.ndarray]] = []
         for k, off in enumerate((f["offset0"], f["offset1"])):
             rows, cols = _lds_index(st, ins, w, sel, a0 + off * unit, size, store=not load)
             if load:
                 words = np.ascontiguousarray(st.lds[rows, cols]).view(np.uint32)
-                for r in range(nw):
-                    st.v[f["vdst"] + k * nw + r][w[sel[0]], sel[1]] = words[:, r]
+                loaded += [("v", f["vdst"] + k * nw + r, words[:, r]) for r in range(nw)]
             else:
                 src = f["data0"] if k == 0 else f["data1"]
-                words = np.stack([st.v[src + r][w[sel[0]], sel[1]] for r in range(nw)], axis=1)
+                words = np.stack([st.vread(src + r, w[sel[0]], sel[1]) for r in range(nw)], axis=1)
                 st.lds[rows, cols] = words.astype(np.uint32).view(np.uint8).reshape(len(a0), -1)
+        if load:
+            _defer_lanes(st, ins, LGKMCNT, w, sel, loaded)
         return
     raise MockUnsupported(ins.name)
 

@@ -15,11 +15,7 @@ cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.
   ew_f16 (IR sha256 74abe8755a826007, 42 instructions, a VOPD pair counted twice)
   wave_sum (IR sha256 ac442631ccea9d37, 47 instructions, a VOPD pair counted twice)
   int64 (IR sha256 13e9a39e7b3fb6f1, 51 instructions, a VOPD pair counted twice)
-  and the AMDGPU renderer's 27 kernels of tools/amd_optable.py renderer_ops():
-      E_8_64 E_8_64_n2 E_8_64_n3 E_8_64_n4 E_8_64_n5 E_8_64_n6 r_8_1 r_8_1_n2
-      r_1_1 r_1_64 r_8_1_n3 E_8_64_n7 r_4_1 r_8_16_1 E_8_64_n8 E_8_64_n9
-      E_8_64_n10 r_8_1_n4 r_8_1_n5 r_8_1_n6 E_8_8 E_8_8_n2 r_8_1_n7 E_8_64_n11
-      E_64 r_8_1_n8 E_3_16
+  and every distinct kernel the AMDGPU renderer makes for renderer_ops() in the tool
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
 the VOP1, VOP2 and VOPC operations (their _e64 forms).
 """
@@ -113,6 +109,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOPC", 23): "v_cmp_o_f32_e32",
     ("VOPC", 35): "v_cmp_le_f64_e32",
     ("VOPC", 36): "v_cmp_gt_f64_e32",
+    ("VOPC", 37): "v_cmp_lg_f64_e32",
     ("VOPC", 39): "v_cmp_o_f64_e32",
     ("VOPC", 40): "v_cmp_u_f64_e32",
     ("VOPC", 43): "v_cmp_ngt_f64_e32",
@@ -142,9 +139,13 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 29): "v_cmp_neq_f32_e64",
     ("VOP3", 33): "v_cmp_lt_f64_e64",
     ("VOP3", 34): "v_cmp_eq_f64_e64",
+    ("VOP3", 35): "v_cmp_le_f64_e64",
     ("VOP3", 36): "v_cmp_gt_f64_e64",
-    ("VOP3", 37): "v_cmp_lg_f64_e64",
+    ("VOP3", 39): "v_cmp_o_f64_e64",
+    ("VOP3", 40): "v_cmp_u_f64_e64",
+    ("VOP3", 46): "v_cmp_nlt_f64_e64",
     ("VOP3", 68): "v_cmp_gt_i32_e64",
+    ("VOP3", 90): "v_cmp_eq_u64_e64",
     ("VOP3", 126): "v_cmp_class_f32_e64",
     ("VOP3", 127): "v_cmp_class_f64_e64",
     ("VOP3", 196): "v_cmpx_gt_i32_e64",
@@ -185,13 +186,16 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 829): "v_lshrrev_b64",
     ("VOP3", 830): "v_ashrrev_i64",
     ("VOP3P", 34): "v_fma_mixhi_f16",
+    ("VOPDX", 0): "v_dual_fmac_f32",
     ("VOPDX", 3): "v_dual_mul_f32",
     ("VOPDX", 4): "v_dual_add_f32",
     ("VOPDX", 5): "v_dual_sub_f32",
     ("VOPDX", 8): "v_dual_mov_b32",
     ("VOPDX", 9): "v_dual_cndmask_b32",
+    ("VOPDY", 0): "v_dual_fmac_f32",
     ("VOPDY", 3): "v_dual_mul_f32",
     ("VOPDY", 4): "v_dual_add_f32",
+    ("VOPDY", 5): "v_dual_sub_f32",
     ("VOPDY", 8): "v_dual_mov_b32",
     ("VOPDY", 9): "v_dual_cndmask_b32",
     ("VOPDY", 16): "v_dual_add_nc_u32",
@@ -208,6 +212,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("FLAT", 25): "global_store_b16",
     ("FLAT", 26): "global_store_b32",
     ("FLAT", 27): "global_store_b64",
+    ("FLAT", 29): "global_store_b128",
     ("FLAT", 32): "global_load_d16_b16",
     ("FLAT", 37): "global_store_d16_hi_b16",
 }
