@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import platform
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -54,6 +55,20 @@ class OSInterface(Protocol):
                          token: int) -> Callable[[int, int], None]:
         """`publish(slot, entry)`: store the 64-bit `entry` at `ring[slot]`, store fence, store
         `(slot + 1) % entries` at `put_word`, store fence, write `token` to the `doorbell` register."""
+        ...
+
+
+@runtime_checkable
+class DoorbellOS(OSInterface, Protocol):
+    """An OSInterface that can also publish a ring's write pointer and ring its 64-bit doorbell.
+
+    Kept apart from OSInterface so seams that never ring such a doorbell (the NV mock) need not implement
+    it. AMD KFD queues use it (AMD-METAL-FACTS 1.2 step 8): the CP reads the write pointer word after it
+    sees the doorbell, so the word must be visible first; the mock observes the doorbell write here."""
+
+    def doorbell_publisher(self, write_pointer: int, doorbell: int) -> Callable[[int], None]:
+        """`publish(value)`: store the 64-bit `value` at `write_pointer`, then (ordered after it) at the
+        64-bit `doorbell` register."""
         ...
 
 
@@ -99,6 +114,8 @@ class LibcOS:
         return int(ret)
 
     def mmap(self, addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
+        if offset >= 1 << 63:  # device offsets with bit 63 set (KFD doorbells): same bits, as a signed long
+            offset -= 1 << 64
         ptr = self.lib.mmap(self.ffi.cast("void *", addr), length, prot, flags, fd, offset)
         res = int(self.ffi.cast("uintptr_t", ptr))
         if res == MAP_FAILED:
@@ -125,3 +142,19 @@ class LibcOS:
     def gpfifo_publisher(self, ring: int, entries: int, put_word: int, doorbell: int,
                          token: int) -> Callable[[int, int], None]:
         return native_mmio().gpfifo_publisher(ring, entries, put_word, doorbell, token)
+
+    def doorbell_publisher(self, write_pointer: int, doorbell: int) -> Callable[[int], None]:
+        # Two plain 64-bit stores. Ordering: x86 never reorders stores with older stores, and KFD maps the
+        # doorbell slice uncached, not write-combined (kfd_doorbell.c, pgprot_noncached; UNSURE until run on
+        # hardware), so no SFENCE is needed between them. Other CPUs need a store fence that Python cannot
+        # emit: refuse rather than publish unordered.
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            raise RuntimeError(f"doorbell_publisher: no ordered 64-bit doorbell store for "
+                               f"{platform.machine()!r} (it needs a native fenced store sequence)")
+        wp = self.ffi.cast("volatile uint64_t *", write_pointer)
+        db = self.ffi.cast("volatile uint64_t *", doorbell)
+
+        def publish(value: int) -> None:
+            wp[0] = value
+            db[0] = value
+        return publish
