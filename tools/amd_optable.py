@@ -49,6 +49,7 @@ def renderer_ops():  # type: ignore[no-untyped-def]
     yield a.sin()
     yield a.abs().sqrt()
     yield a.abs().pow(2.5)
+    yield a.abs().pow(b)  # float32 pow through the renderer's float64 routines
     yield a.sum(1)
     yield a.max(axis=1)
     yield a.sum()
@@ -60,6 +61,7 @@ def renderer_ops():  # type: ignore[no-untyped-def]
     d = a.cast(dtypes.float64)
     yield d.exp()
     yield d.sqrt()
+    yield d.abs().log2()
     yield d.sum(1)
     h = a.cast(dtypes.float16)
     yield h.sum(1)
