@@ -129,11 +129,25 @@ def test_ptx_renderer_takes_block_and_warp_from_the_target():
     prog = lower(_ast(x.sum(1)), "k", wide)
     assert prog.group_size == 256 and prog.launch.local_size == (256, 1, 1)
     text = render_ptx(prog, wide)
-    assert ".maxntid 256, 1, 1" in text and f"[{256 // 32 * 8}]" in text  # one shared slot per warp
+    # a block group runs only in its block (.reqntid), with one shared slot per warp
+    assert prog.launch.exact_local and ".reqntid 256, 1, 1" in text and f"[{256 // 32 * 8}]" in text
     assert all(f"%{reg}.{a}" in text for reg in ("ctaid", "ntid", "nctaid") for a in "xyz")  # 3-D index
-    assert ".maxntid 128, 1, 1" in PTXRenderer("sm_90").render(PTXRenderer("sm_90").lower(_ast(x.sum(1)), "k"))
+    nv = PTXRenderer("sm_90")
+    assert ".reqntid 128, 1, 1" in nv.render(nv.lower(_ast(x.sum(1)), "k"))
+    elementwise = nv.lower(_ast(x + 1), "k")  # runs in any block: bounded by the renderer's block size
+    assert not elementwise.launch.exact_local and ".maxntid 128, 1, 1" in nv.render(elementwise)
     with pytest.raises(ValueError, match="NVIDIA"):
         render_ptx(prog, AMD_GFX1100)
+
+
+def test_exec_refuses_another_block_for_a_kernel_that_needs_its_own():
+    from rawgrad.hcq.program import Program
+    dev = Device["CPU"]
+    prog = Program(dev, "group_kernel", b"", LaunchSpec((256, 1, 1), (128, 1, 1), exact_local=True))
+    with pytest.raises(ValueError, match=r"only in blocks of \(128, 1, 1\)"):
+        dev.queue().exec(prog, [], (256, 1, 1), (64, 1, 1))
+    with pytest.raises(ValueError, match="only in blocks"):
+        dev.queue().exec(prog, [], (256, 1, 1), (1, 1, 1))
 
 
 def test_llvm_kernels_clamp_their_range_to_the_global_size():

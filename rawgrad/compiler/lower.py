@@ -255,7 +255,8 @@ class _Lowerer:
         # block is whole groups (and exactly the group for a block group, whose warps meet in shared memory)
         local = self.target.local_size(global_size)
         shared = group // self.target.simd_width * GROUP_SLOT_BYTES if group > self.target.simd_width else 0
-        launch = LaunchSpec((global_size, 1, 1), local, len(self.globals), tuple(self.variables), shared)
+        launch = LaunchSpec((global_size, 1, 1), local, len(self.globals), tuple(self.variables), shared,
+                            exact_local=group > 1)
         launch.check_target(self.target)
         prog = LinearProgram(self.name, self.statements, self.globals, self.variables, global_size, launch,
                              self.target, opts, group_size=group)

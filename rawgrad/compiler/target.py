@@ -244,6 +244,9 @@ class LaunchSpec:
     scalars: tuple[UOp, ...] = ()  # ... then one 64-bit integer per Variable, in this order
     shared_bytes: int = 0  # static shared memory per block the kernel declares
     registers: int | None = None  # registers per thread, once a compiler reported them
+    # the kernel runs only in blocks of exactly `local_size` (a group reduction: its threads meet through
+    # warp shuffles and shared memory by their index in the block); otherwise any block size works
+    exact_local: bool = False
 
     def __post_init__(self) -> None:
         if len(self.global_size) != 3 or len(self.local_size) != 3:

@@ -273,6 +273,25 @@ def test_program_image_and_launch(dev: NVHCQDevice, mock: MockNV, progs: dict[st
         dev.queue().exec(fill, [out], (4, 1, 1))
 
 
+def test_the_block_comes_from_the_launch_contract(dev: NVHCQDevice, mock: MockNV, progs: dict[str, Any]) -> None:
+    """The driver defaults nothing: a launch runs in the contract's block (its global size from the contract
+    and the scalars when not given); a program without a contract and no local size runs one thread per
+    block; the contract is completed with the image's registers."""
+    fill = progs["fill"]
+    assert fill.launch.registers == (fill.info.registers or None)
+    n = 300
+    out = dev.allocator.alloc(8 * n)
+    fill(out, vals=(n, 2), wait=True)  # no sizes at all
+    assert (mock.gpu.launches[-1].grid, mock.gpu.launches[-1].block) == ((3, 1, 1), (BLOCK, 1, 1))
+    np.testing.assert_array_equal(host(dev, out), np.arange(n) * 2)
+    bare = dev.program("fill", dev.compiler.compile(KERNELS.format(arch=dev.arch)))
+    assert bare.launch is None
+    bare(out, global_size=(n, 1, 1), vals=(n, 5), wait=True)
+    assert (mock.gpu.launches[-1].grid, mock.gpu.launches[-1].block) == ((n, 1, 1), (1, 1, 1))
+    np.testing.assert_array_equal(host(dev, out), np.arange(n) * 5)
+    dev.allocator.free(out)
+
+
 def test_chained_launches_and_folded_release(dev: NVHCQDevice, mock: MockNV, progs: dict[str, Any]) -> None:
     n = 300
     a, b, c = (dev.allocator.alloc(8 * n) for _ in range(3))

@@ -300,8 +300,18 @@ class _Emitter:
                          f"[{p.launch.shared_bytes}];")
         head = [f".version {PTX_VERSION}", f".target {self.arch}", f".address_size {ADDRESS_SIZE}", "",
                 f".visible .entry {p.name}(", ",\n".join(params), ")",
-                f".maxntid {self.target.block_threads}, 1, 1", "{"]
+                self.block_directive(), "{"]
         return "\n".join(head + decls + [""] + body + ["}", ""])
+
+    def block_directive(self) -> str:
+        """`.reqntid` with the contract's block for a kernel that runs only in it (a group reduction), else
+        `.maxntid` with the most threads a block of the renderer's kernels has (PTX ISA, performance-tuning
+        directives: either bounds the registers ptxas may give a thread)."""
+        launch = self.prog.launch
+        if launch.exact_local:
+            x, y, z = launch.local_size
+            return f".reqntid {x}, {y}, {z}"
+        return f".maxntid {self.target.block_threads}, 1, 1"
 
     @property
     def group_buffer(self) -> str:
