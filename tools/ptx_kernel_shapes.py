@@ -5,9 +5,9 @@ reductions) and how many get 16-byte vector loads/stores. Counts, not timings; n
   python3 tools/ptx_kernel_shapes.py                 # GPT-2 124M, random weights, prompt of 2 tokens + 3 new
   python3 tools/ptx_kernel_shapes.py --size tiny     # the test-sized config (seconds)
 
-The model runs on the CPU device; every kernel the CPU renderer lowers is also lowered with
-target="gpu" (what the PTX renderer does: `lower(ast, name, target="gpu")`), and the GPU lowering's
-group size and vector groups are counted.
+The model runs on the CPU device; every kernel the CPU renderer lowers is also lowered for the H100's
+target (what the PTX renderer does: `lower(ast, name, NV_SM90)`), and the GPU lowering's group size and
+vector groups are counted.
 """
 from __future__ import annotations
 
@@ -27,13 +27,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from rawgrad.compiler import lower as lower_mod
     from rawgrad.compiler.renderer import llvm
+    from rawgrad.compiler.target import NV_SM90
     from rawgrad.models import gpt2
 
     shapes: list[tuple[str, int, bool]] = []
     cpu_lower = llvm.lower
 
-    def lower_both(ast: Any, name: str = "kernel", target: str = "cpu") -> Any:
-        gpu = lower_mod.lower(ast, name, target="gpu")
+    def lower_both(ast: Any, name: str = "kernel", target: Any = None) -> Any:
+        gpu = lower_mod.lower(ast, name, NV_SM90)
         shapes.append((name, gpu.group_size, bool(gpu.vector_groups)))
         return cpu_lower(ast, name, target)
     llvm.lower = lower_both  # type: ignore[assignment]
@@ -49,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     grouped = sum(n for g, n in groups.items() if g > 1)
     print(f"GPT-2 {args.size}, prompt of {len(prompt)} tokens + {args.new_tokens} generated: "
           f"{len(model_shapes)} kernels lowered for the GPU target")
-    print(f"  grouped reductions: {grouped} ({groups.get(32, 0)} one warp per output, "
-          f"{groups.get(128, 0)} one 128-thread block per output; group sizes "
+    warp, block = NV_SM90.simd_width, NV_SM90.block_threads
+    print(f"  grouped reductions: {grouped} ({groups.get(warp, 0)} one warp per output, "
+          f"{groups.get(block, 0)} one {block}-thread block per output; group sizes "
           f"{dict(sorted(groups.items()))})")
     print(f"  16-byte vector loads/stores: {vectorized}")
     return 0
