@@ -55,7 +55,8 @@ def test_nv_targets():
         assert t.is_gpu and t.simd_width == 32 and t.max_threads_per_block == 1024
         assert t.block_threads % t.simd_width == 0 and t.vector_lanes(4) == 4  # 16-byte ld/st.v4
         assert t.shared_memory_bytes == 48 * 1024 and t.triple == "nvptx64-nvidia-cuda"
-        assert any(tc.dtype_in == dtypes.float16 and (tc.m, tc.n, tc.k) == (16, 8, 16) for tc in t.tensor_cores)
+        shapes = [(tc.m, tc.n, tc.k) for tc in t.tensor_cores if tc.dtype_in == dtypes.float16]
+        assert (16, 8, 16) in shapes  # mma.sync m16n8k16
     with pytest.raises(ValueError, match="sm_90"):
         nv_target("gfx1100")
     with pytest.raises(ValueError, match="sm_80 or newer"):

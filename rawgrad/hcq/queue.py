@@ -213,8 +213,8 @@ class HWQueue:
                 raise ValueError(f"{program.name}: global size must be three ints >= 0 or symbolic UOps, got "
                                  f"{tuple(global_size)}")
         if contract is not None and contract.exact_local and tuple(local_size) != contract.local_size:
-            raise ValueError(f"{program.name} runs only in blocks of {contract.local_size} threads (its launch "
-                             f"contract), got {tuple(local_size)}")
+            raise ValueError(f"{program.name} runs only in blocks of {contract.local_size} threads (its "
+                             f"launch contract), got {tuple(local_size)}")
         if contract is not None and len(args) != contract.args:
             raise ValueError(f"{program.name} takes {contract.buffers} buffers and {len(contract.scalars)} "
                              f"scalars ({contract.args} arguments), got {len(args)}")

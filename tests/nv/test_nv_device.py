@@ -273,7 +273,8 @@ def test_program_image_and_launch(dev: NVHCQDevice, mock: MockNV, progs: dict[st
         dev.queue().exec(fill, [out], (4, 1, 1))
 
 
-def test_the_block_comes_from_the_launch_contract(dev: NVHCQDevice, mock: MockNV, progs: dict[str, Any]) -> None:
+def test_the_block_comes_from_the_launch_contract(dev: NVHCQDevice, mock: MockNV,
+                                                 progs: dict[str, Any]) -> None:
     """The driver defaults nothing: a launch runs in the contract's block (its global size from the contract
     and the scalars when not given); a program without a contract and no local size runs one thread per
     block; the contract is completed with the image's registers."""
