@@ -91,6 +91,18 @@ def test_full_ring_times_out_naming_ring_queue_and_room_then_recovers() -> None:
         unpadded.reserve(16)  # from slot 3 the span must start over at 0: that needs NOPs the device reads
 
 
+def test_try_take_never_waits_pads_or_changes_anything_when_it_cannot() -> None:
+    word, retire_to = _word()
+    pads: list[tuple[int, int]] = []
+    ring = Ring("cmd", 8, RECORDS, CounterRetire(word, "read index"), pad=lambda s, n: pads.append((s, n)),
+                timeout_s=TIMEOUT_S)
+    assert ring.try_take(5) == 0 and ring.write == 5
+    assert ring.try_take(4) == -1 and ring.write == 5  # 3 free: no
+    retire_to(5)
+    assert ring.try_take(4) == -1 and ring.write == 5 and pads == []  # free, but it would straddle the end
+    assert ring.try_take(3) == 5 and ring.write == 8 and ring.try_take(0) == -1
+
+
 def test_bad_spans_are_named_errors() -> None:
     word, _ = _word()
     ring = Ring("cmd", 8, RECORDS, CounterRetire(word, "read index"))

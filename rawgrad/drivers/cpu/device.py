@@ -308,7 +308,8 @@ class CPUDevice(HCQDevice):
     def check_fault(self) -> None:
         if not self._finalizer.alive:
             raise DeviceFault(f"{self.name} is closed")
-        self._native.check_fault()
+        if self._native.ctx[CTX.FAULT]:  # (read here rather than through _native.check_fault: every push)
+            self._native.check_fault()
 
     def close(self, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         """Stop the workers (a QUIT record; queued work gets `drain_timeout_s` to finish before it is
@@ -356,7 +357,11 @@ class CPUDevice(HCQDevice):
         ring = st.cmd_ring
         self._retire()
         i, ci, total = 0, 0, len(records)
-        if total > ring.room():
+        slot = ring.try_take(total)
+        if slot >= 0:  # the usual case: the whole queue fits before the ring's end, one copy
+            st.ring[slot:slot + total] = records
+            i = total
+        elif total > ring.room():
             # All or nothing: wait until the whole queue has room before writing any of it, so a timeout
             # leaves none of it in the ring (a queue longer than the ring must stream: its own first
             # commands have to run to make room for the rest).
