@@ -27,7 +27,7 @@ from rawgrad.drivers.amd.mock.cp import (
     SignalTimeout,
 )
 from rawgrad.drivers.amd.mock.rdna3.interp import MemoryMap
-from rawgrad.drivers.amd.regs import GFX11, GFX943, CompareFunc, PM4Op
+from rawgrad.drivers.amd.regs import GFX11, GFX943, CompareFunc, DataSel, IntSel, PM4Op
 from rawgrad.tensor.buffers import buffer_numpy
 from rawgrad.tensor.schedule import create_schedule
 
@@ -278,6 +278,48 @@ def test_wait_compares_32_bits(axpy: Kernel) -> None:
     rig.submit([])
     rig.signals.view(np.uint32)[8] = 6
     assert rig.cp.wait_signal(sig(0), 1) == 1
+
+
+def test_hdp_flush_handshake_and_register_waits(axpy: Kernel) -> None:
+    rig = Rig(axpy, execute=False)
+    req, done = 0x1234, 0x1235  # stand-in NBIO registers: the model's flush completes at once
+    rig.submit(pm4.hdp_flush(req, done, 1 << 2) + pm4.signal(GFX11, sig(0), 1))
+    assert rig.cp.wait_signal(sig(0), 1) == 1
+    assert rig.cp.regs[req] == 4 and rig.cp.regs[done] & 4
+    w = pm4.hdp_flush(req, done, 1)
+    w[1] &= ~(3 << regs.WAIT_REG_MEM_OPERATION_SHIFT)  # operation 0: only poll the register in dword 2
+    w[2] = 0x999
+    rig.submit(w)
+    with pytest.raises(GPUHang, match="WAIT_REG_MEM on register 0x999 = 0x0"):
+        rig.cp.drain()
+
+
+def test_release_mem_64_bit_value_and_interrupt_hook(axpy: Kernel) -> None:
+    rig = Rig(axpy, execute=False)
+    seen: list[tuple[str, int]] = []
+    rig.cp.on_interrupt = lambda q, ctx: seen.append((q, ctx))
+    value = (7 << 32) | 9
+    rig.submit(pm4.release_mem(GFX11, addr=sig(1), data_sel=DataSel.VALUE64, value=value,
+                               int_sel=IntSel.INTERRUPT_AFTER_WRITE, ctxid=5))
+    rig.cp.drain()
+    assert rig.signal_value(1) == value and seen == [(rig.q.name, 5)]
+    words = pm4.release_mem(GFX11, addr=sig(1), data_sel=DataSel.VALUE64, value=1)
+    words[3] += 4  # a 64-bit write to a 4-byte aligned address
+    assert _fault(rig, words).field == "RELEASE_MEM address"
+
+
+def test_nested_ibs_and_the_depth_limit(axpy: Kernel) -> None:
+    rig = Rig(axpy, execute=False)
+    ib2 = pm4.signal(GFX11, sig(0), 3)
+    ib1 = pm4.indirect_buffer(IB + 0x100, len(ib2)) + pm4.signal(GFX11, sig(1), 4)
+    mem = rig.mem.map(IB, 0x200).view(np.uint32)
+    mem[:len(ib1)] = ib1
+    mem[0x40:0x40 + len(ib2)] = ib2
+    rig.submit(pm4.indirect_buffer(IB, len(ib1)))
+    assert rig.cp.wait_signal(sig(1), 4) == 4 and rig.signal_value(0) == 3
+    mem[:4] = pm4.indirect_buffer(IB, 4)  # an IB that calls itself
+    e = _fault(rig, pm4.indirect_buffer(IB, 4))
+    assert e.field == "INDIRECT_BUFFER" and "nested deeper than 2" in str(e) and "IB2 at 0x60000000" in str(e)
 
 
 def test_fake_clock_ticks_are_10ns_and_strictly_increase() -> None:

@@ -29,9 +29,9 @@ from rawgrad.compiler.amdgpu_code import (
 from rawgrad.drivers.amd import regs
 from rawgrad.drivers.amd.regs import CompareFunc, DataSel, GfxFamily, IntSel, PM4Op
 
-__all__ = ["DispatchPackets", "acquire_mem", "dispatch_direct", "encode_dispatch", "event_write", "header",
-           "indirect_buffer", "kernarg_user_sgpr", "lds_granules", "nop", "release_mem", "set_sh_reg",
-           "signal", "timestamp", "wait_reg_mem"]
+__all__ = ["DispatchPackets", "acquire_mem", "dispatch_direct", "encode_dispatch", "event_write", "hdp_flush",
+           "header", "indirect_buffer", "kernarg_user_sgpr", "lds_granules", "nop", "release_mem",
+           "set_sh_reg", "signal", "timestamp", "wait_reg_mem"]
 
 U32 = 0xFFFFFFFF
 # user SGPRs the CP can load, in the order AMDGPUUsage "Initial Kernel Execution State" gives them, with sizes
@@ -152,6 +152,19 @@ def wait_reg_mem(addr: int, reference: int, func: CompareFunc = CompareFunc.GE, 
         (regs.WAIT_OPERATION_WAIT << regs.WAIT_REG_MEM_OPERATION_SHIFT)
     return [header(PM4Op.WAIT_REG_MEM, 6), dw1, addr & U32, addr >> 32, reference, _fits(mask, 32, "mask"),
             _fits(interval, 16, "poll interval")]
+
+
+def hdp_flush(req_reg: int, done_reg: int, ref_mask: int) -> list[int]:
+    """WAIT_REG_MEM in register space, operation 1 (7 dwords): write `ref_mask` to the NBIO HDP flush request
+    register, then wait until the done register shows those bits (facts section 1.4, memory_barrier). The
+    register numbers depend on the NBIO version; the device supplies them (dword register offsets)."""
+    _fits(req_reg, 32, "HDP flush request register")
+    _fits(done_reg, 32, "HDP flush done register")
+    dw1 = (int(CompareFunc.EQ) << regs.WAIT_REG_MEM_FUNCTION_SHIFT) | \
+        (regs.WAIT_MEM_SPACE_REGISTER << regs.WAIT_REG_MEM_MEM_SPACE_SHIFT) | \
+        (regs.WAIT_OPERATION_WRITE_WAIT << regs.WAIT_REG_MEM_OPERATION_SHIFT)
+    ref = _fits(ref_mask, 32, "HDP flush mask")
+    return [header(PM4Op.WAIT_REG_MEM, 6), dw1, req_reg, done_reg, ref, ref, regs.WAIT_HDP_POLL_INTERVAL]
 
 
 def acquire_mem(fam: GfxFamily) -> list[int]:

@@ -61,6 +61,7 @@ WAIT_MEM_SPACE_REGISTER, WAIT_MEM_SPACE_MEMORY = 0, 1
 WAIT_OPERATION_WAIT, WAIT_OPERATION_WRITE_WAIT = 0, 1
 WAIT_POLL_INTERVAL_DEFAULT = 4  # AMD-METAL-FACTS.md section 1.4 (tinygrad's wait)
 WAIT_POLL_INTERVAL_MASK = 0xFFFF
+WAIT_HDP_POLL_INTERVAL = 0x20  # amdgpu gfx_v11_0_ring_emit_hdp_flush: poll interval of the done register
 
 
 class CompareFunc(IntEnum):
@@ -274,8 +275,9 @@ class GfxFamily:
 
 # gfx11: ACQUIRE_MEM is header + 7 (coher_cntl, size lo/hi, base lo/hi, poll interval, GCR_CNTL) = 8 dwords
 # (gfx_v11_0.c emit_mem_sync); gfx9: header + 6 (CP_COHER_CNTL, size lo/hi, base lo/hi, poll) = 7 (soc15d.h
-# layout comment). SDMA copy limits: sdma_v6_0_0_pkt_open.h COUNT mask 0x3FFFFFFF (1 GiB), the SDMA 4.x
-# headers 0x003FFFFF (4 MiB); the count field holds bytes - 1.
+# layout comment; gfx_v9_0.c emit_mem_sync writes PACKET3(ACQUIRE_MEM, 5)). SDMA copy limits:
+# sdma_v6_0_0_pkt_open.h COUNT mask 0x3FFFFFFF (1 GiB), the SDMA 4.x headers 0x003FFFFF (4 MiB); the count
+# field holds bytes - 1.
 GFX11 = GfxFamily("gfx11", "gfx1100", (11, 0, 0), (6, 0, 0), 32, GFX11_COMPUTE_PGM_RSRC3, True, True, 8,
                   1 << 30, True)
 GFX943 = GfxFamily("gfx9.4.3", "gfx942", (9, 4, 3), (4, 4, 2), 64, GFX9_COMPUTE_PGM_RSRC3, False, False, 7,
