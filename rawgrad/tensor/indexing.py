@@ -9,7 +9,7 @@ A basic index (ints, slices, None, Ellipsis) is planned once (`_IndexPlan`) as s
 take-every-step movement ops, so `__setitem__` can run the same steps backwards. Advanced indices are a
 row gather when there is a single integer index on the first axis, and a one-hot compare plus a masked
 sum (one reduce kernel) otherwise. This module also gives autograd the gradient of GATHER, which is a
-tensor-level composite (see the end of the file).
+tensor-level composite (`IndexingOps._gather_grad`, which tensor.py registers).
 """
 from __future__ import annotations
 
@@ -402,7 +402,6 @@ class IndexingOps:
         out = self._new(UOp(Ops.GATHER, self.dtype, (table.uop, indices.uop)))
         return out.reshape(*indices.shape, *rest)
 
-
     @classmethod
     def _gather_grad(cls: type[Tensor], n: UOp, g: UOp) -> tuple[UOp | None, ...]:
         """autograd's rule for GATHER (registered by tensor.py): d(table[rows])/d(table) is a scatter-add
@@ -417,7 +416,6 @@ class IndexingOps:
         return (onehot.transpose(0, 1) @ grad_rows).uop, None
 
 
-# ---------------------------------------------------------------------- module-level helpers
 # ---------------------------------------------------------------------- module-level helpers
 def _masked_sum(mask: Tensor, vals: Tensor, axes: tuple[int, ...]) -> Tensor:
     """Sum of vals where mask holds (exactly one hit per output in the callers): a where, not a multiply,

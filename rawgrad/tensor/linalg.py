@@ -125,7 +125,6 @@ class LinalgOps:
             return prod_t
         return prod_t.sum(tuple(range(len(out), len(letters))), dtype=dt)
 
-
     # ------------------------------------------------------------------ attention
     def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor,
                                      attn_mask: Tensor | None = None,

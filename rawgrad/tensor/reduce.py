@@ -217,7 +217,6 @@ class ReduceOps:
         out = lower.where(xt.unsqueeze(-2), 0).sum(-1, dtype=x.dtype)
         return out.transpose(ax, -1)
 
-
     # ------------------------------------------------------------------ normalisation
     def layernorm(self: Tensor, axis: Axis = -1, eps: float = 1e-5) -> Tensor:
         """Normalise to zero mean, unit (biased) variance over axis; no affine part (tinygrad)."""
