@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pytest
 
 from rawgrad.drivers import osapi
@@ -18,6 +19,7 @@ from rawgrad.drivers.amd.mock.kfd import (
     GFX942,
     GFX1100,
     Memfd,
+    MockBO,
     MockGPUFault,
     MockKFD,
     MockQueue,
@@ -612,3 +614,52 @@ def test_sysfs_is_read_only_and_unknown_paths_do_not_exist(kfd: MockKFD) -> None
     expect_errno(errno.ENOENT, kfd.open, "/dev/dri/renderD200", osapi.O_RDWR)
     assert kfd.exists(topology.NODES_DIR) and kfd.exists(f"{topology.NODES_DIR}/1")
     assert not kfd.exists(f"{topology.NODES_DIR}/2")
+
+
+def test_hooks_mirror_queues_and_gpu_mappings_for_a_cp_model(kfd: MockKFD) -> None:
+    """A CP model keeps its address space and queue list in step through on_gpu_map / on_queue, and can
+    share the allocations' bytes without copying (host_buffer)."""
+    mapped: dict[int, object] = {}
+    queues: list[tuple[int, bool]] = []
+
+    def on_gpu_map(bo: MockBO, on: bool) -> None:
+        if on:
+            mapped[bo.va] = kfd.host_buffer(bo.va, bo.size)
+        else:
+            del mapped[bo.va]
+
+    kfd.on_gpu_map = on_gpu_map
+    kfd.on_queue = lambda q, on: queues.append((q.queue_id, on))
+    s = open_session(kfd)
+    ring, ptrs, eop, cq, sq = make_queues(s)
+    assert set(mapped) == {b.va for b in s.bufs} == {bo.va for bo in kfd.gpu_mappings()}
+    assert queues == [(cq.queue_id, True), (sq.queue_id, True)]
+    view = np.frombuffer(mapped[ring.va], np.uint32)
+    abi.ffi.cast("uint32_t *", ring.va)[5] = 0xC0DE  # the driver writes a packet word through its CPU map
+    assert view[5] == 0xC0DE  # the CP model sees it in place
+    view[6] = 0xBEEF  # and the CP's writes (a read pointer, a signal) reach the driver
+    assert abi.ffi.cast("uint32_t *", ring.va)[6] == 0xBEEF
+    s.run(abi.destroy_queue(sq.queue_id))
+    kfd.close(s.drm_fd)
+    kfd.close(s.kfd_fd)  # teardown reports the rest through the hooks too
+    assert queues[-2:] == [(sq.queue_id, False), (cq.queue_id, False)] and mapped == {}
+    for b in s.bufs:
+        kfd.munmap(b.va, b.size)
+
+
+def test_clock_counters_and_memory_policy(kfd: MockKFD) -> None:
+    s = open_session(kfd)
+    c1 = abi.decode_clock_counters(s.run(abi.get_clock_counters(s.node.gpu_id)))
+    time.sleep(0.01)
+    c2 = abi.decode_clock_counters(s.run(abi.get_clock_counters(s.node.gpu_id)))
+    assert c1.system_freq == 1_000_000_000
+    # 100 MHz GPU counter: 10 ms is about 1e6 ticks; the CPU counter is in ns
+    assert 0.9e6 <= c2.gpu - c1.gpu <= 1e8 and 9e6 <= c2.cpu_ns - c1.cpu_ns <= 1e9
+    other = abi.get_clock_counters(s.node.gpu_id)
+    other.args.gpu_id = 0x4242
+    assert s.run(other).args.gpu_clock_counter == 0  # a GPU this process lacks reads 0, as in amdkfd
+    s.run(abi.set_memory_policy(s.node.gpu_id, abi.KFD_IOC_CACHE_POLICY_NONCOHERENT))
+    assert kfd.memory_policy == (abi.KFD_IOC_CACHE_POLICY_NONCOHERENT, abi.KFD_IOC_CACHE_POLICY_COHERENT)
+    bad = abi.set_memory_policy(s.node.gpu_id)
+    bad.args.default_policy = 2
+    expect_errno(errno.EINVAL, s.run, bad, why="neither COHERENT nor NONCOHERENT")

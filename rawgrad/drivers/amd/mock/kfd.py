@@ -247,6 +247,10 @@ class MockKFD:
         self.profile, self.version, self.strict = profile, version, strict
         self.gpu_id = profile.gpu_id
         self.on_doorbell = on_doorbell  # CP-model hook: called after each published doorbell write
+        # CP-model hooks to mirror KFD state: a queue created (True) / destroyed (False); an allocation mapped
+        # on (True) / unmapped from (False) the GPU. Called with the mock's lock held, after the change.
+        self.on_queue: Callable[[MockQueue, bool], None] | None = None
+        self.on_gpu_map: Callable[[MockBO, bool], None] | None = None
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.real = osapi.LibcOS()
@@ -580,9 +584,9 @@ class MockKFD:
     def _k_get_clock_counters(self, a: Any) -> None:
         # GPU counter: 100 MHz (AMD-METAL-FACTS 1.4); 0 for a gpu_id the process does not have, as the kernel
         a.gpu_clock_counter = time.perf_counter_ns() // 10 if a.gpu_id == self.gpu_id else 0
-        a.cpu_clock_counter = time.monotonic_ns()
-        a.system_clock_counter = time.monotonic_ns()
-        a.system_clock_freq = 1_000_000_000
+        a.cpu_clock_counter = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW)  # ktime_get_raw_ns
+        a.system_clock_counter = time.clock_gettime_ns(time.CLOCK_BOOTTIME)  # ktime_get_boottime_ns
+        a.system_clock_freq = 1_000_000_000  # both counters are nanoseconds
 
     # -- memory ---------------------------------------------------------------------------------
     def _k_alloc_memory_of_gpu(self, a: Any) -> None:
@@ -684,10 +688,13 @@ class MockKFD:
                       and o.va < bo.va + bo.size and bo.va < o.va + o.size), None)
         if clash is not None:
             raise _Fail(errno.EINVAL, f"{bo.describe()} overlaps mapped {clash.describe()}")
+        was_mapped = bool(bo.mapped_gpus)
         for i in range(int(a.n_success), len(ids)):
             self._gpu(ids[i], "MAP_MEMORY_TO_GPU")
             bo.mapped_gpus.add(ids[i])
             a.n_success = i + 1
+        if not was_mapped and self.on_gpu_map is not None:
+            self.on_gpu_map(bo, True)
 
     def _k_unmap_memory_from_gpu(self, a: Any) -> None:
         ids = self._device_ids(a, "UNMAP_MEMORY_FROM_GPU")
@@ -702,6 +709,8 @@ class MockKFD:
                 raise _Fail(errno.EINVAL, f"{bo.describe()} is not mapped on gpu_id {ids[i]:#x}")
             bo.mapped_gpus.discard(ids[i])
             a.n_success = i + 1
+            if not bo.mapped_gpus and self.on_gpu_map is not None:
+                self.on_gpu_map(bo, False)
 
     def mapped_bo(self, va: int, size: int) -> MockBO | None:
         """The GPU-mapped allocation holding [va, va+size), if any."""
@@ -776,10 +785,15 @@ class MockKFD:
             int(a.ctx_save_restore_address), int(a.ctx_save_restore_size), int(a.ctl_stack_size),
             int(a.queue_priority), pct, doorbell_offset, slot, tuple(uses))
         a.queue_id, a.doorbell_offset = qid, doorbell_offset
+        if self.on_queue is not None:
+            self.on_queue(self.queues[qid], True)
 
     def _k_destroy_queue(self, a: Any) -> None:
-        if self.queues.pop(int(a.queue_id), None) is None:
+        q = self.queues.pop(int(a.queue_id), None)
+        if q is None:
             raise _Fail(errno.EINVAL, f"queue_id {a.queue_id} is not a live queue")
+        if self.on_queue is not None:
+            self.on_queue(q, False)
 
     # -- events ---------------------------------------------------------------------------------
     def _slots(self) -> Any:
@@ -890,6 +904,16 @@ class MockKFD:
                 raise MockGPUFault(va, size, "not inside one GPU-mapped allocation")
             return bo.host_addr + (va - bo.va)
 
+    def host_buffer(self, va: int, size: int) -> Any:
+        """A writable buffer over the bytes behind GPU VA range [va, va+size) (no copy: ``np.frombuffer`` of
+        it shares memory with the driver's CPU mapping). Valid while the allocation lives."""
+        return _ffi.buffer(_ffi.cast("char *", self.translate(va, size)), size)
+
+    def gpu_mappings(self) -> list[MockBO]:
+        """Every allocation currently mapped on the GPU (what a GPU model's address space holds)."""
+        with self.lock:
+            return [bo for bo in self.bos.values() if bo.mapped_gpus]
+
     def gpu_read(self, va: int, size: int) -> bytes:
         return bytes(_ffi.buffer(_ffi.cast("char *", self.translate(va, size)), size))
 
@@ -949,13 +973,17 @@ class MockKFD:
         """Closing the last /dev/kfd fd ends the KFD process: the kernel frees what is left (recorded)."""
         for q in list(self.queues.values()):
             self.auto_freed.append(f"queue {q.queue_id} ({abi.QUEUE_TYPE_NAMES[q.queue_type]})")
-        self.queues.clear()
+            del self.queues[q.queue_id]
+            if self.on_queue is not None:
+                self.on_queue(q, False)
         for e in list(self.events.values()):
             self.auto_freed.append(f"event {e.event_id:#x} ({abi.EVENT_TYPE_NAMES.get(e.event_type, '?')})")
         self.events.clear()
         for bo in list(self.bos.values()):
             if bo is not self.event_page:  # the event page is only ever freed here, by design
                 self.auto_freed.append(bo.describe() + (" (GPU-mapped)" if bo.mapped_gpus else ""))
+            if bo.mapped_gpus and self.on_gpu_map is not None:
+                self.on_gpu_map(bo, False)
             bo.mapped_gpus.clear()
             self._free_bo(bo)
         self.event_page = None
