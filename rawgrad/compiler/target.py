@@ -40,8 +40,11 @@ __all__ = ["AMD_GFX942", "AMD_GFX1100", "LaunchSpec", "NV_SM80", "NV_SM90", "Pro
 # Lanes are counted in 32-bit elements: a SIMD register of B bits holds B // 32 of them.
 LANE_BITS = 32
 BITS_PER_BYTE = 8
-# The 128-bit SIMD baseline every x86-64 (SSE2) and aarch64 (NEON) CPU has.
+# The 128-bit SIMD baseline every x86-64 (SSE2) and aarch64 (NEON) CPU has; AVX/AVX2 registers are 256 bits
+# and AVX-512 ones 512 (Intel SDM vol. 1, "Programming with AVX" / "AVX-512").
 BASELINE_VECTOR_BITS = 128
+AVX_VECTOR_BITS = 256
+AVX512_VECTOR_BITS = 512
 # Threads the renderers put in one block: this many warps (or waves). 4 warps of 32 = 128 threads is small
 # enough for any register budget and a multiple of the warp, so groups of one warp tile a block.
 GPU_WARPS_PER_BLOCK = 4
@@ -69,7 +72,7 @@ class TensorCoreShape:
 class Target:
     """What the compiler may assume about one kind and model of processor (see the module docstring)."""
 
-    name: str  # "cpu-x86_64", "nv-sm_90", "amd-gfx1100": also part of the compile cache key
+    name: str  # "cpu-x86_64-512", "nv-sm_90", "amd-gfx1100": for messages
     processor: Processor
     isa: str  # "x86_64", "aarch64", "sm_90", "gfx1100"
     triple: str  # the LLVM target triple of code for it
@@ -125,9 +128,9 @@ def host_vector_bits() -> int:
     except Exception:  # no LLVM host info: assume the baseline every x86-64/aarch64 has
         return BASELINE_VECTOR_BITS
     if "+avx512f" in features:
-        return 512
+        return AVX512_VECTOR_BITS
     if "+avx2" in features or "+avx" in features:
-        return 256
+        return AVX_VECTOR_BITS
     return BASELINE_VECTOR_BITS
 
 
