@@ -114,3 +114,15 @@ def test_a_bool_mask_must_match_the_dimensions_it_indexes() -> None:
         Tensor(x)[:, np.array([True, False])]
     np.testing.assert_array_equal(Tensor(x)[:, [True, False, True]].numpy(), x[:, [True, False, True]])
     np.testing.assert_array_equal(Tensor(x)[x > 2].numpy(), x[x > 2])
+
+
+def test_index_checks_of_a_closed_device_do_not_break_the_next_read() -> None:
+    # found by the tensor.py split: an embedding on a device closed before anything was read left its deferred
+    # flag behind, and the thread's next unrelated numpy() raised DeviceClosedError
+    from rawgrad.hcq.device import Device
+    table = Tensor(np.arange(12, dtype=np.float32).reshape(6, 2), device="CPU:7")
+    idx = Tensor(np.array([1, 5], np.int32), device="CPU:7") + 0  # computed: only the device knows its values
+    table[idx].realize()
+    Device.close("CPU:7")
+    with pytest.warns(RuntimeWarning, match="index check.*CPU:7.*closed"):
+        np.testing.assert_array_equal((Tensor([1.0, 2.0]) * 3).numpy(), [3, 6])
