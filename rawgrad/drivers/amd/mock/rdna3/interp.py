@@ -1026,6 +1026,11 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         if base == "s_movk_i32":
             _write_s(st, f["sdst"], w, np.full(len(w), imm, np.int32).view(np.uint32))
             return
+        if base == "s_waitcnt_vscnt" and f["sdst"] == SGPR_NULL:
+            return  # stores land when they execute here, so waiting for them is a no-op
+        if base in ("s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt") and f["sdst"] == SGPR_NULL:
+            _complete(st, VMCNT if base == "s_waitcnt_vmcnt" else LGKMCNT, w, f["simm16"])
+            return
         raise MockUnsupported(ins.name)
     wide = base.endswith(("_b64", "_u64", "_i64"))
     a = _s_src(st, ins.src("ssrc0"), w, 64 if wide else 32)
@@ -1133,8 +1138,7 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         st.scc[w] = np.asarray(scc).astype(np.uint32)
 
 
-_NOPS = {"s_waitcnt_vscnt", "s_waitcnt_vmcnt", "s_waitcnt_expcnt", "s_waitcnt_lgkmcnt",
-         "s_waitcnt_depctr", "s_delay_alu", "s_clause", "s_nop", "s_set_inst_prefetch_distance",
+_NOPS = {"s_waitcnt_depctr", "s_delay_alu", "s_clause", "s_nop", "s_set_inst_prefetch_distance",
          "s_sendmsg", "buffer_gl0_inv", "buffer_gl1_inv"}  # timing and cache controls: memory is coherent
 SENDMSG_DEALLOC_VGPRS = 0xB3  # s_sendmsg sendmsg(MSG_DEALLOC_VGPRS), the only message the mock accepts
 
@@ -1386,6 +1390,8 @@ def _step(st: _State, ins: Instr, w: np.ndarray) -> None:
         _ds(st, ins, w, base)
     elif fmt == "FLAT":
         _flat(st, ins, w, base)
+    elif fmt == "MUBUF" and base in _NOPS:
+        pass  # buffer_gl0_inv / buffer_gl1_inv: cache invalidations, no-ops for coherent memory
     else:
         raise MockUnsupported(mnemonic, f"{fmt} instructions")
     st.pc[w] += ins.size
