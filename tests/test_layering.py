@@ -56,16 +56,11 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("rawgrad.compiler", "rawgrad.tensor.realize"): "GlobalCounters lives above the compiler",
 }
 
-# (importer, imported) edges left out of the cycle check, each with its reason. (tensor.py <-> autograd.py,
-# the other cycle named in issue #17, is gone: the tensor.py split moved what both need below tensor.py.)
-ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    # The two older mixins of Tensor import tensor.py inside the methods that build a Tensor, and tensor.py
-    # imports them to combine them into the class: a cycle through tensor.py. The mixins the tensor.py split
-    # added name Tensor under TYPE_CHECKING only and build results through the instance; these two are to
-    # be changed the same way (ops_math.py / ops_nn.py belong to the tensor part of issue #17).
-    ("rawgrad.tensor.ops_math", "rawgrad.tensor.tensor"): "mixin builds a Tensor; to remove like the split's",
-    ("rawgrad.tensor.ops_nn", "rawgrad.tensor.tensor"): "mixin builds a Tensor; to remove like the split's",
-}
+# (importer, imported) edges left out of the cycle check, each with its reason. None stands now: the cycles
+# named in issue #17 are gone (tensor.py <-> autograd.py: the tensor.py split moved what both need below
+# tensor.py; ops_math.py / ops_nn.py <-> tensor.py: those mixins now name Tensor under TYPE_CHECKING only
+# and build results through the instance, as the split's mixins do).
+ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 IMPORT_FUNCTIONS = {"importlib.import_module", "import_module", "__import__", "importlib.__import__"}
 

@@ -3,6 +3,8 @@
 """Tensor methods for math, comparison, cumulative, sorting and shape helpers, composed from the core
 ops in tensor.py (which mixes this class into `Tensor`). Nothing here adds a new kernel op: every method
 is a composition the scheduler fuses like hand-written code, and autograd differentiates it like any other.
+New tensors are built through the instance (`type(self)(...)`, `type(self).arange(...)`), so this module
+never imports tensor.py, which imports it.
 
 Notes that hold for the whole file:
 - Float functions of int/bool inputs compute in the default float; float16/bfloat16 compute in float32 and
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from rawgrad.dtype import DType, DTypeLike, dtypes, least_upper_float, to_dtype
+from rawgrad.tensor.indexing import _masked_sum
 
 if TYPE_CHECKING:
     from rawgrad.tensor.tensor import Tensor
@@ -86,19 +89,17 @@ def _pairs(xt: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """xt (..., n) as (..., n, n) grids: x[i] down the rows, x[j] along the columns, and the int64
     positions i and j. Everything is broadcast before any ALU op, so the compares that follow fuse into
     the reduce that consumes them (an ALU result that is then expanded gets a kernel of its own)."""
-    from rawgrad.tensor.tensor import Tensor
     n = xt.shape[-1]
     shape = xt.shape[:-1] + (n, n)
-    pos = Tensor.arange(n, dtype=dtypes.int64, device=xt.device)
+    pos = type(xt).arange(n, dtype=dtypes.int64, device=xt.device)
     return (xt.unsqueeze(-1).expand(shape), xt.unsqueeze(-2).expand(shape),
             pos.reshape(n, 1).expand(shape), pos.reshape(1, n).expand(shape))
 
 
 def _take_last(x: Tensor, idx: Tensor) -> Tensor:
     """x[..., idx[..., r]] along the last axis (idx (..., k) of int64, in range): a one-hot masked sum."""
-    from rawgrad.tensor.tensor import Tensor, _masked_sum
     n = x.shape[-1]
-    hit = idx.unsqueeze(-1) == Tensor.arange(n, dtype=dtypes.int64, device=x.device)
+    hit = idx.unsqueeze(-1) == type(x).arange(n, dtype=dtypes.int64, device=x.device)
     return _masked_sum(hit, x.unsqueeze(-2)._broadcast_to(hit.shape), (hit.ndim - 1,))
 
 
@@ -295,26 +296,23 @@ class MathOps:
     # ------------------------------------------------------------------ masks and data-dependent shapes
     def masked_fill(self: Tensor, mask: Tensor, value: Any) -> Tensor:
         """value (cast to self's dtype) where mask is true, else self."""
-        from rawgrad.tensor.tensor import Tensor
-        v = value if isinstance(value, Tensor) else Tensor(value, device=self.device)
+        v = value if isinstance(value, type(self)) else type(self)(value, device=self.device)
         return mask.bool().where(v.cast(self.dtype), self)
 
     def masked_select(self: Tensor, mask: Tensor) -> Tensor:
         """The elements where mask (broadcast with self) is true, as 1-d (realizes the mask)."""
-        from rawgrad.tensor.tensor import Tensor
         shape = tuple(np.broadcast_shapes(self.shape, mask.shape))
         picked = np.flatnonzero(mask.bool()._broadcast_to(shape).numpy())
-        return self._broadcast_to(shape).flatten()._take_rows(Tensor(picked.astype(np.int64),
-                                                                      device=self.device))
+        return self._broadcast_to(shape).flatten()._take_rows(type(self)(picked.astype(np.int64),
+                                                                          device=self.device))
 
     def nonzero(self: Tensor, as_tuple: bool = False) -> Tensor | tuple[Tensor, ...]:
         """Indices of the nonzero elements, (n, ndim) int64 or one 1-d tensor per dim (realizes)."""
-        from rawgrad.tensor.tensor import Tensor
         nz = (self != 0).numpy()
         if as_tuple:  # torch treats a 0-d tensor as 1-d here
             flat = nz.reshape(-1) if nz.ndim == 0 else nz
-            return tuple(Tensor(i.astype(np.int64), device=self.device) for i in np.nonzero(flat))
-        return Tensor(np.argwhere(nz).astype(np.int64), device=self.device)
+            return tuple(type(self)(i.astype(np.int64), device=self.device) for i in np.nonzero(flat))
+        return type(self)(np.argwhere(nz).astype(np.int64), device=self.device)
 
     # ------------------------------------------------------------------ cumulative
     def cumprod(self: Tensor, dim: int = 0, dtype: DTypeLike | None = None) -> Tensor:
@@ -329,10 +327,9 @@ class MathOps:
 
     def _cum_extreme(self: Tensor, dim: int, largest: bool) -> ValuesIndices:
         """cummax/cummin: the index is the last one holding the running extreme; a NaN sticks (torch)."""
-        from rawgrad.tensor.tensor import Tensor
         ax = self._axis(dim)
         if self.ndim == 0:
-            return ValuesIndices(self, Tensor._full((), 0, dtypes.int64, self.device))
+            return ValuesIndices(self, type(self)._full((), 0, dtypes.int64, self.device))
         xt = self.transpose(ax, -1)
         _, xj, i, j = _pairs(xt)
         key, lower = _order_key(xj, largest), j <= i
@@ -371,10 +368,9 @@ class MathOps:
     # ------------------------------------------------------------------ sorting
     def _ranked(self: Tensor, dim: int, descending: bool, k: int | None = None) -> ValuesIndices:
         """The first k (default all) elements in sorted order along dim, by counting ranks (stable)."""
-        from rawgrad.tensor.tensor import Tensor, _masked_sum
         if self.ndim == 0:
             self._axis(dim)
-            return ValuesIndices(self, Tensor._full((), 0, dtypes.int64, self.device))
+            return ValuesIndices(self, type(self)._full((), 0, dtypes.int64, self.device))
         ax = self._axis(dim)
         n = self.shape[ax]
         k = n if k is None else k
@@ -382,10 +378,10 @@ class MathOps:
         ki, kj, i, j = _pairs(xt)
         first = _after(kj, ki) if descending else _after(ki, kj)  # j goes before i
         rank = (first | (_same(ki, kj) & (j < i))).sum(-1)  # (..., i): where element i lands
-        pos = Tensor.arange(k, dtype=dtypes.int64, device=self.device)
+        pos = type(self).arange(k, dtype=dtypes.int64, device=self.device)
         hit = rank.unsqueeze(-2) == pos.reshape(k, 1)  # (..., r, i)
         vals = _masked_sum(hit, xt.unsqueeze(-2)._broadcast_to(hit.shape), (hit.ndim - 1,))
-        src = Tensor.arange(n, dtype=dtypes.int64, device=self.device).reshape(1, n)
+        src = type(self).arange(n, dtype=dtypes.int64, device=self.device).reshape(1, n)
         idx = _masked_sum(hit, src._broadcast_to(hit.shape), (hit.ndim - 1,))
         return ValuesIndices(vals.transpose(ax, -1), idx.transpose(ax, -1))
 
@@ -471,10 +467,9 @@ class MathOps:
     def repeat_interleave(self: Tensor, repeats: int | Sequence[int] | Tensor,
                           dim: int | None = None) -> Tensor:
         """Repeat each element along dim (flattened when None); repeats per element realize to the host."""
-        from rawgrad.tensor.tensor import Tensor
         x, ax = (self.flatten(), 0) if dim is None else (self, self._axis(dim))
         n = x.shape[ax]
-        reps = np.asarray(repeats.numpy() if isinstance(repeats, Tensor) else repeats).reshape(-1)
+        reps = np.asarray(repeats.numpy() if isinstance(repeats, type(self)) else repeats).reshape(-1)
         if reps.size == 1:
             r = int(reps[0])
             if r < 0:
@@ -484,7 +479,7 @@ class MathOps:
             return y.reshape(x.shape[:ax] + (n * r,) + x.shape[ax + 1:])
         if reps.size != n or (reps < 0).any():
             raise ValueError(f"repeat_interleave: need {n} repeats >= 0 for dim {ax}, got {reps.tolist()}")
-        rows = Tensor(np.repeat(np.arange(n, dtype=np.int64), reps), device=self.device)
+        rows = type(self)(np.repeat(np.arange(n, dtype=np.int64), reps), device=self.device)
         return x.transpose(0, ax)._take_rows(rows).transpose(0, ax)
 
     def unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
@@ -526,7 +521,6 @@ class MathOps:
     def mode(self: Tensor, dim: int = -1, keepdim: bool = False) -> ValuesIndices:
         """torch's mode along dim: the most frequent value (the smallest on a tie) and the last index
         where it occurs. O(n^2) compares per row, as sort."""
-        from rawgrad.tensor.tensor import Tensor
         ax = self._axis(dim) if self.ndim else 0
         x = (self.reshape(1) if self.ndim == 0 else self).transpose(ax, -1)
         a, b, _, j = _pairs(x)
@@ -536,7 +530,7 @@ class MathOps:
         chosen = (counts == best).where(key, _lowest(key.dtype))._max(-1, keepdim=True)
         hit = (counts == best) & (key == chosen)
         n = x.shape[-1]
-        pos = Tensor.arange(n, dtype=dtypes.int64, device=self.device)
+        pos = type(self).arange(n, dtype=dtypes.int64, device=self.device)
         values = hit.where(x, x._const(0))._max(-1, keepdim=True) if x.dtype.is_bool else \
             _take_last(x, hit.where(pos, -1)._max(-1, keepdim=True))
         idx = (_same(x, values) & (j[..., 0, :] >= 0)).where(pos, -1)._max(-1, keepdim=True)
@@ -615,8 +609,8 @@ class MathOps:
 
     def index_select(self: Tensor, dim: int, index: Tensor) -> Tensor:
         """The entries along dim at a 1-d (or 0-d) int index."""
-        from rawgrad.tensor.tensor import Tensor
-        idx = index if isinstance(index, Tensor) else Tensor(np.asarray(index, np.int64), device=self.device)
+        idx = index if isinstance(index, type(self)) else type(self)(np.asarray(index, np.int64),
+                                                                      device=self.device)
         if idx.ndim > 1:
             raise ValueError(f"index_select needs a 1-d index, got shape {idx.shape}")
         if not idx.dtype.is_int:
@@ -673,12 +667,11 @@ class MathOps:
     def new_full(self: Tensor, size: Any, fill_value: Any, dtype: DTypeLike | None = None,
                  device: str | None = None, requires_grad: bool = False) -> Tensor:
         """A tensor of size filled with fill_value, self's dtype and device unless given."""
-        from rawgrad.tensor.tensor import Tensor
         if isinstance(size, tuple) and len(size) == 1 and isinstance(size[0], (tuple, list)):
             size = size[0]  # new_zeros((2, 3)) as well as new_zeros(2, 3)
         shape = tuple(size) if isinstance(size, (tuple, list)) else (size,)
-        return Tensor.full(shape, fill_value, dtype or self.dtype, device or self.device,
-                           requires_grad or None)
+        return type(self).full(shape, fill_value, dtype or self.dtype, device or self.device,
+                               requires_grad or None)
 
     def new_zeros(self: Tensor, *size: Any, dtype: DTypeLike | None = None, device: str | None = None,
                   requires_grad: bool = False) -> Tensor:
@@ -695,11 +688,10 @@ class MathOps:
     def new_tensor(self: Tensor, data: Any, dtype: DTypeLike | None = None, device: str | None = None,
                    requires_grad: bool = False) -> Tensor:
         """A new tensor of data, self's dtype and device unless given (torch's default)."""
-        from rawgrad.tensor.tensor import Tensor
-        if isinstance(data, Tensor):
+        if isinstance(data, type(self)):
             data = data.numpy()
-        return Tensor(data, dtype=dtype or self.dtype, device=device or self.device,
-                      requires_grad=requires_grad or None)
+        return type(self)(data, dtype=dtype or self.dtype, device=device or self.device,
+                          requires_grad=requires_grad or None)
 
     # ------------------------------------------------------------------ torch habits: in-place forms
     def _inplace(self: Tensor, value: Tensor) -> Tensor:
@@ -762,13 +754,12 @@ class MathOps:
         return self._inplace(self.tanh())
 
     def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
-        from rawgrad.tensor.tensor import Tensor
-        return self._inplace(Tensor.uniform(*self.shape, low=a, high=b, dtype=self.dtype, device=self.device))
+        return self._inplace(type(self).uniform(*self.shape, low=a, high=b, dtype=self.dtype,
+                                                device=self.device))
 
     def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
-        from rawgrad.tensor.tensor import Tensor
-        return self._inplace(Tensor.normal(*self.shape, mean=mean, std=std, dtype=self.dtype,
-                                           device=self.device))
+        return self._inplace(type(self).normal(*self.shape, mean=mean, std=std, dtype=self.dtype,
+                                               device=self.device))
 
     # ------------------------------------------------------------------ torch habits: more aliases
     def count_nonzero(self: Tensor, dim: Any = None) -> Tensor:
@@ -826,9 +817,8 @@ class MathOps:
         ax = self._axis(dim)
         a = [self.narrow(ax, i, 1) for i in range(3)]
         b = [other.narrow(ax, i, 1) for i in range(3)]
-        from rawgrad.tensor.tensor import Tensor
-        return Tensor.cat(a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0],
-                          dim=ax)
+        return type(self).cat(a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2],
+                              a[0] * b[1] - a[1] * b[0], dim=ax)
 
     def addmm(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
         return self * beta + mat1.mm(mat2) * alpha
@@ -877,11 +867,10 @@ class MathOps:
                      dim: int = 0) -> tuple[Tensor, ...]:
         """torch's tensor_split: an int n gives n parts, the first size % n one longer; a list of indices
         cuts before each (indices clamp to the dim, so parts may be empty)."""
-        from rawgrad.tensor.tensor import Tensor
         ax = self._axis(dim)
         n = self.shape[ax]
         ios = indices_or_sections
-        if isinstance(ios, Tensor):
+        if isinstance(ios, type(self)):
             ios = int(ios.item()) if ios.ndim == 0 else [int(v) for v in ios.numpy().reshape(-1)]
         if isinstance(ios, int):
             if ios <= 0:
@@ -914,32 +903,30 @@ class MathOps:
         """The distinct values (or slices along dim), always sorted; with the int64 inverse indices and
         counts when asked. Realizes: the result's shape depends on the data, so it is computed in numpy
         and is not differentiable."""
-        from rawgrad.tensor.tensor import Tensor
         a = self.numpy()
         axis = None if dim is None else self._axis(dim)
         vals, inv, cnt = np.unique(a, return_inverse=True, return_counts=True, axis=axis)
-        out = Tensor(vals, dtype=self.dtype, device=self.device)
+        out = type(self)(vals, dtype=self.dtype, device=self.device)
         if not (return_inverse or return_counts):
             return out
         res = [out]
         if return_inverse:
             inv_shape = a.shape if axis is None else (a.shape[axis],)
-            res.append(Tensor(inv.reshape(inv_shape).astype(np.int64), device=self.device))
+            res.append(type(self)(inv.reshape(inv_shape).astype(np.int64), device=self.device))
         if return_counts:
-            res.append(Tensor(cnt.astype(np.int64), device=self.device))
+            res.append(type(self)(cnt.astype(np.int64), device=self.device))
         return tuple(res)
 
     def bincount(self: Tensor, weights: Tensor | None = None, minlength: int = 0) -> Tensor:
         """Counts of each value of a 1-d non-negative int tensor (weights summed instead when given).
         Realizes the maximum for the output length, max(self) + 1 or minlength."""
-        from rawgrad.tensor.tensor import Tensor
         if self.ndim != 1 or not self.dtype.is_int:
             raise ValueError(f"bincount needs a 1-d int tensor, got shape {self.shape} {self.dtype}")
         lo, hi = (int(self.min().item()), int(self.max().item())) if self.shape[0] else (0, -1)
         if lo < 0:
             raise ValueError("bincount needs non-negative values")
         n = max(hi + 1, minlength)
-        hit = self.unsqueeze(-1) == Tensor.arange(n, device=self.device).cast(self.dtype)
+        hit = self.unsqueeze(-1) == type(self).arange(n, device=self.device).cast(self.dtype)
         if weights is None:
             return hit.cast(dtypes.int64).sum(0)
         w = weights if weights.dtype.is_float else weights.cast(dtypes.float64)
@@ -948,7 +935,6 @@ class MathOps:
     def histc(self: Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> Tensor:  # noqa: A002
         """Histogram of bins equal-width bins over [min, max] (torch's histc): min == max == 0 takes the
         data's range (realizing it), elements outside are left out, the max edge falls in the last bin."""
-        from rawgrad.tensor.tensor import Tensor
         lo, hi = float(min), float(max)
         if lo == hi == 0 and self.numel() > 0:
             lo, hi = float(self.min().item()), float(self.max().item())
@@ -960,5 +946,5 @@ class MathOps:
         x = self.flatten().cast(dt)
         idx = ((x - lo) * (bins / (hi - lo))).floor().cast(dtypes.int32).clip(0, bins - 1)
         inside = (x >= lo) & (x <= hi)
-        hit = (idx.unsqueeze(-1) == Tensor.arange(bins, device=self.device)) & inside.unsqueeze(-1)
+        hit = (idx.unsqueeze(-1) == type(self).arange(bins, device=self.device)) & inside.unsqueeze(-1)
         return hit.cast(dt).sum(0)

@@ -1,6 +1,7 @@
 """Tensor methods for neural-network layers beyond tensor.py's core (scatter, interpolation, transposed
 convolution, unpooling, 1-d/3-d pooling, losses), composed from core ops, so autograd differentiates them
-like any other composition. tensor.py mixes this class into `Tensor`.
+like any other composition. tensor.py mixes this class into `Tensor`; new tensors are built through the
+instance (`type(x)(...)`, `type(x).arange(...)`), so this module never imports tensor.py.
 
 Where torch leaves a result undefined or differs by backend, the choice made here:
 - `scatter` (no reduce) with repeated indices along `dim`: the last one along `dim` lands (what torch's
@@ -18,6 +19,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+from rawgrad.dtype import least_upper_float
+from rawgrad.tensor.common import _to_tuple
+from rawgrad.tensor.indexing import _defer_index_check, _masked_sum
 
 if TYPE_CHECKING:
     from rawgrad.tensor.tensor import Tensor
@@ -104,14 +109,13 @@ class NNOps:
                  include_self: bool, what: str) -> Tensor:
         """One-hot formulation: for every output row along `dim` (n of them) and every index position along
         `dim` (m of them), hit[..., k, j] = index[..., j] == k; then a masked reduce over j."""
-        from rawgrad.tensor.tensor import Tensor, _defer_index_check, _masked_sum
         x = _t(self)
         d = x._axis(dim)
-        if not isinstance(index, Tensor) or not index.dtype.is_int:
+        if not isinstance(index, type(x)) or not index.dtype.is_int:
             raise TypeError(f"{what}: index must be an integer Tensor")
         if index.ndim != x.ndim:
             raise ValueError(f"{what}: index has {index.ndim} dims, self {x.shape} has {x.ndim}")
-        if isinstance(src, Tensor):
+        if isinstance(src, type(x)):
             if src.ndim != x.ndim:
                 raise ValueError(f"{what}: src has {src.ndim} dims, self {x.shape} has {x.ndim}")
             for i, (a, b, c) in enumerate(zip(index.shape, x.shape, src.shape)):
@@ -131,12 +135,12 @@ class NNOps:
         it = index.transpose(d, -1)
         it = (it < 0).where(it + n, it)
         xt = x.transpose(d, -1)  # (*rest, n)
-        hit = it.unsqueeze(-2) == Tensor.arange(n, device=x.device).reshape(n, 1)  # (*rest_i, n, m)
+        hit = it.unsqueeze(-2) == type(x).arange(n, device=x.device).reshape(n, 1)  # (*rest_i, n, m)
         grow = [(0, b - a) for a, b in zip(it.shape[:-1], xt.shape[:-1])] + [(0, 0), (0, 0)]
         hit = hit.pad(grow)  # rows of self that no index reaches get no hit
         vals = sv.transpose(d, -1).unsqueeze(-2).pad(grow)._broadcast_to(hit.shape)
         if reduce is None:  # the last hit along dim lands
-            pos = Tensor.arange(m, device=x.device)
+            pos = type(x).arange(m, device=x.device)
             last = hit.where(pos, -1)._max(-1, keepdim=True)
             out = _masked_sum(hit & (pos == last), vals, (hit.ndim - 1,))
             return hit.any(-1).where(out, xt).transpose(d, -1)
@@ -187,8 +191,6 @@ class NNOps:
         """torch.nn.functional.interpolate over the spatial dims of (N, C, *spatial): modes nearest,
         nearest-exact, linear (3-d), bilinear / bicubic (4-d), trilinear (5-d), area. Separable: each
         spatial axis is resampled by gathering its 1, 2 or 4 source taps (static, computed on the host)."""
-        from rawgrad.dtype import least_upper_float
-        from rawgrad.tensor.tensor import Tensor
         x = _t(self)
         if mode not in _INTERP_DIMS:
             raise ValueError(f"interpolate: unknown mode {mode!r} (one of {', '.join(_INTERP_DIMS)})")
@@ -227,8 +229,9 @@ class NNOps:
                 cols = np.arange(i)
                 mask = (cols[None] >= lo[:, None]) & (cols[None] < hi[:, None])  # (o, i)
                 xm = x.transpose(ax, -1).unsqueeze(-2)  # (..., 1, i)
-                summed = Tensor(mask, device=x.device).where(xm, 0).sum(-1)
-                x = (summed / Tensor((hi - lo).astype(ft), device=x.device).cast(x.dtype)).transpose(ax, -1)
+                summed = type(x)(mask, device=x.device).where(xm, 0).sum(-1)
+                width = type(x)((hi - lo).astype(ft), device=x.device).cast(x.dtype)
+                x = (summed / width).transpose(ax, -1)
                 continue
             taps, w = _source_positions(i, o, s, mode, bool(align_corners), ft)
             if mode.startswith("nearest") and np.array_equal(taps[0], np.arange(i)):
@@ -236,9 +239,9 @@ class NNOps:
             front = x.transpose(0, ax)
             acc: Tensor | None = None
             for t, wt in zip(taps, w):
-                g = front._take_rows(Tensor(t.astype(np.int32), device=x.device))
+                g = front._take_rows(type(x)(t.astype(np.int32), device=x.device))
                 if not mode.startswith("nearest"):
-                    g = g * Tensor(wt, device=x.device).cast(x.dtype).reshape((o,) + (1,) * (x.ndim - 1))
+                    g = g * type(x)(wt, device=x.device).cast(x.dtype).reshape((o,) + (1,) * (x.ndim - 1))
                 acc = g if acc is None else acc + g
             assert acc is not None
             x = acc.transpose(0, ax)
@@ -277,7 +280,6 @@ class NNOps:
         """Pool the last two dims into output_size windows, torch's: window i along a dim of size n
         pooled to m spans [floor(i*n/m), ceil((i+1)*n/m)). Windows are rectangles, so each dim is
         pooled in turn."""
-        from rawgrad.tensor.tensor import Tensor
         x = _t(self)
         if x.ndim < 2:
             raise ValueError(f"adaptive pooling needs at least 2 dims, got shape {x.shape}")
@@ -297,7 +299,7 @@ class NNOps:
                 lo, hi = (i * n) // m, -((-(i + 1) * n) // m)
                 w = x.narrow(ax, lo, hi - lo)
                 parts.append(w.mean(ax, keepdim=True) if reduce == "avg" else w.amax(ax, keepdim=True))
-            x = Tensor.cat(*parts, dim=ax)
+            x = type(x).cat(*parts, dim=ax)
         return x
 
     def adaptive_avg_pool2d(self, output_size: Any) -> Tensor:
@@ -310,7 +312,6 @@ class NNOps:
 
     def _max_unpool(self, n: int, indices: Tensor, kernel_size: Any, stride: Any, padding: Any,
                     output_size: Sequence[int] | None) -> Tensor:
-        from rawgrad.tensor.tensor import _to_tuple
         x = _t(self)
         if x.ndim < n + 1 or tuple(indices.shape) != tuple(x.shape):
             raise ValueError(f"max_unpool: input {x.shape} needs (N, C, *spatial) and indices of the same "
@@ -358,7 +359,6 @@ class NNOps:
         meaning): x (N, Cin, *spatial), weight (Cin, Cout // groups, *kernel). Written as the convolution it
         is the input-gradient of: spread the input by the stride, pad by dilation * (kernel - 1) - padding
         (+ output_padding after), correlate with the flipped, in/out-swapped kernel."""
-        from rawgrad.tensor.tensor import _to_tuple
         x = _t(self)
         nd = weight.ndim - 2
         if nd < 1 or x.ndim != nd + 2:
@@ -485,8 +485,7 @@ class NNOps:
 
 def _class_hit(Y: Tensor, n_cls: int, ignore_index: int) -> Tensor:  # noqa: N803
     """(..., C) bool: Y == class, all false where Y is ignore_index."""
-    from rawgrad.tensor.tensor import Tensor
-    return (Y.unsqueeze(-1) == Tensor.arange(n_cls, device=Y.device)) & (Y != ignore_index).unsqueeze(-1)
+    return (Y.unsqueeze(-1) == type(Y).arange(n_cls, device=Y.device)) & (Y != ignore_index).unsqueeze(-1)
 
 
 def _picked_weight(hit: Tensor, weight: Tensor, dt: Any) -> Tensor:
