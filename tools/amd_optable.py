@@ -74,6 +74,19 @@ def renderer_ops():  # type: ignore[no-untyped-def]
     yield a.argmax(1)
     emb, idx = Tensor(rng.standard_normal((10, 16)).astype(np.float32)), Tensor(np.array([1, 3, 9], np.int32))
     yield emb[idx]
+    # narrow and wide integers and bools (16-bit VALU ops, byte loads and stores, 64-bit compares)
+    u8 = Tensor(rng.integers(0, 256, 64).astype(np.uint8))
+    yield u8 * 3 + 7
+    yield u8 >> 2
+    yield (u8 & 0x3C) | 1
+    s16 = Tensor(rng.integers(-3000, 3000, 64).astype(np.int16))
+    yield s16 * 5 - 9
+    yield s16 // 7
+    yield (a > 0) & (b < 0)
+    yield (a > 0).where(1, 0).cast(dtypes.uint8)
+    i64 = Tensor(rng.integers(-(2**40), 2**40, 64).astype(np.int64))
+    yield (i64 <= 5).where(i64, -i64)
+    yield a.cast(dtypes.int8)
 
 
 @dataclass

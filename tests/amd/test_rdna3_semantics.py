@@ -17,8 +17,22 @@ U32 = RNG.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
 V32 = RNG.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
 W32 = RNG.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
 I32, J32, K32 = U32.view(np.int32), V32.view(np.int32), W32.view(np.int32)
+U16, V16 = U32.astype(np.uint16), V32.astype(np.uint16)
 F64, G64 = F32.astype(np.float64) * 1.1, G32.astype(np.float64) * 0.9
 H16, K16 = F32.astype(np.float16), G32.astype(np.float16)
+
+
+def _s24(x: np.ndarray) -> np.ndarray:
+    low = (x & 0xFFFFFF).astype(np.int64)
+    return np.where(low >= 2**23, low - 2**24, low)
+
+
+def _bfe_i32_ref(a: int, off: int, width: int) -> int:
+    if width == 0:
+        return 0
+    field = (a >> off) & ((1 << width) - 1)
+    value = field - (1 << width) if field >> (width - 1) else field
+    return (value + 2**31) % 2**32 - 2**31  # as int32 (a field of 32 bits would not fit otherwise)
 
 
 def _fn(name: str):  # type: ignore[no-untyped-def]
@@ -48,6 +62,14 @@ CASES = [
     ("v_subrev_nc_u32", (U32, V32), V32 - U32),
     ("v_mul_u32_u24", (U32, V32), (U32 & 0xFFFFFF) * (V32 & 0xFFFFFF)),
     ("v_bfe_u32", (U32, V32, W32), (U32 >> (V32 & 31)) & ((np.uint32(1) << (W32 & 31)) - np.uint32(1))),
+    ("v_mul_hi_i32_i24", (U32, V32), ((_s24(U32) * _s24(V32)) >> 32).astype(np.int32)),
+    ("v_mul_hi_u32_u24", (U32, V32), (((U32 & 0xFFFFFF).astype(np.uint64) * (V32 & 0xFFFFFF)) >> 32)
+     .astype(np.uint32)),
+    ("v_mul_i32_i24", (U32, V32), (_s24(U32) * _s24(V32)).astype(np.int32)),
+    ("v_bfe_i32", (U32, V32, W32), np.array([_bfe_i32_ref(int(a), int(b) & 31, int(c) & 31)
+                                              for a, b, c in zip(U32, V32, W32)], np.int32)),
+    ("v_xor_b16", (U16, V16), U16 ^ V16),
+    ("v_lshlrev_b16", (U16, V16), V16 << (U16 & 15)),
     ("v_fmamk_f32", (F32, G32, F32), (F32.astype(np.float64) * G32 + F32).astype(np.float32)),
     ("v_fmaak_f32", (F32, G32, F32), (F32.astype(np.float64) * G32 + F32).astype(np.float32)),
 ]

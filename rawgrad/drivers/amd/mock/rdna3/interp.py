@@ -529,6 +529,21 @@ def _fma64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
+def _i24(x: np.ndarray) -> np.ndarray:
+    """The low 24 bits of x as a signed integer (int64), as the *_i24 multiplies read their sources."""
+    low = (np.asarray(x, np.uint32) & np.uint32(0xFFFFFF)).astype(np.int64)
+    return np.where(low >= 1 << 23, low - (1 << 24), low)
+
+
+def _bfe_signed(a: np.ndarray, off: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """V_BFE_I32: bits [off, off + width) of a, sign-extended from bit width - 1; width 0 gives 0."""
+    field = (a.astype(np.uint64) >> off.astype(np.uint64)) & ((np.uint64(1) << width.astype(np.uint64))
+                                                              - np.uint64(1))
+    sign = np.where(width > 0, (field >> (np.maximum(width, 1) - 1).astype(np.uint64)) & np.uint64(1), 0)
+    val = field.astype(np.int64) - (sign.astype(np.int64) << width.astype(np.int64))
+    return val.astype(np.int32)
+
+
 def _bitrev32(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.uint32)
     for shift, mask in ((1, 0x55555555), (2, 0x33333333), (4, 0x0F0F0F0F), (8, 0x00FF00FF)):
@@ -642,6 +657,22 @@ _VALU: dict[str, _VOp] = {
     "v_lshl_add_u32": _u(lambda a, b, c: (a << _sh(b)) + c, 3),
     "v_add_lshl_u32": _u(lambda a, b, c: (a + b) << _sh(c), 3),
     "v_bfe_u32": _u(lambda a, b, c: (a >> _sh(b)) & ((np.uint32(1) << _sh(c)) - np.uint32(1)), 3),
+    "v_bfe_i32": _VOp("i32", ("u32", "u32", "u32"), lambda a, b, c: _bfe_signed(a, _sh(b), _sh(c))),
+    "v_mul_i32_i24": _VOp("i32", ("u32", "u32"), lambda a, b: (_i24(a) * _i24(b)).astype(np.int32)),
+    "v_mul_hi_i32_i24": _VOp("i32", ("u32", "u32"),
+                             lambda a, b: ((_i24(a) * _i24(b)) >> 32).astype(np.int32)),
+    "v_mul_hi_u32_u24": _u(lambda a, b: (((a & np.uint32(0xFFFFFF)).astype(np.uint64)
+                                          * (b & np.uint32(0xFFFFFF))) >> np.uint64(32)).astype(np.uint32)),
+    "v_add_nc_u16": _u(lambda a, b: a + b, 2, "u16"),
+    "v_sub_nc_u16": _u(lambda a, b: a - b, 2, "u16"),
+    "v_mul_lo_u16": _u(lambda a, b: a * b, 2, "u16"),
+    "v_mad_u16": _u(lambda a, b, c: a * b + c, 3, "u16"),
+    "v_and_b16": _u(lambda a, b: a & b, 2, "u16"),
+    "v_or_b16": _u(lambda a, b: a | b, 2, "u16"),
+    "v_xor_b16": _u(lambda a, b: a ^ b, 2, "u16"),
+    "v_lshlrev_b16": _u(lambda a, b: b << (a & np.uint16(15)), 2, "u16"),
+    "v_lshrrev_b16": _u(lambda a, b: b >> (a & np.uint16(15)), 2, "u16"),
+    "v_ashrrev_i16": _VOp("i16", ("u16", "i16"), lambda a, b: b >> (a & np.uint16(15)).astype(np.int16)),
     "v_max_i32": _VOp("i32", ("i32", "i32"), np.maximum),
     "v_min_i32": _VOp("i32", ("i32", "i32"), np.minimum),
     "v_max_u32": _u(np.maximum),
@@ -1197,7 +1228,9 @@ def _smem(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
     _defer(st, ins, LGKMCNT, w, lambda k: [("s", sd + j, None, data[k, j]) for j in range(n)])
 
 
-_GLOBAL_LOADS = {"global_load_b32": (4, 1), "global_load_b64": (8, 2), "global_load_b96": (12, 3),
+_GLOBAL_LOADS = {"global_load_d16_u8": (1, 1), "global_load_d16_i8": (1, 1), "global_load_d16_hi_u8": (1, 1),
+                 "global_load_d16_hi_i8": (1, 1),
+                 "global_load_b32": (4, 1), "global_load_b64": (8, 2), "global_load_b96": (12, 3),
                  "global_load_b128": (16, 4), "global_load_u8": (1, 1), "global_load_i8": (1, 1),
                  "global_load_u16": (2, 1), "global_load_i16": (2, 1), "global_load_d16_b16": (2, 1),
                  "global_load_d16_hi_b16": (2, 1)}
@@ -1231,15 +1264,15 @@ def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
             _defer_lanes(st, ins, VMCNT, w, sel, [("v", vdst + r, words[:, r]) for r in range(nregs)])
             return
         val = raw.view(np.uint8 if size == 1 else np.uint16).reshape(-1)
-        kind = "v"
+        # d16 loads write one half of the VGPR and keep the other; a byte is zero- (u8) or sign- (i8)
+        # extended to the 16 (d16) or 32 bits it fills
+        kind = "v_hi16" if "_d16_hi_" in name else "v_lo16" if "_d16_" in name else "v"
         if name.endswith("_i8") or name.endswith("_i16"):
             new = val.view(np.int8 if size == 1 else np.int16).astype(np.int32).view(np.uint32)
-        elif name == "global_load_d16_b16":  # into the low half, keeping the high half
-            new, kind = val.astype(np.uint32), "v_lo16"
-        elif name == "global_load_d16_hi_b16":
-            new, kind = val.astype(np.uint32), "v_hi16"
         else:
             new = val.astype(np.uint32)
+        if kind != "v":
+            new = new & np.uint32(0xFFFF)
         _defer_lanes(st, ins, VMCNT, w, sel, [(kind, vdst, new)])
         return
     if name in _GLOBAL_STORES:
