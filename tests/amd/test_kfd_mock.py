@@ -289,6 +289,12 @@ def test_memory_errors(kfd: MockKFD) -> None:
     c = abi.alloc_memory(gid, 0x10000000, 0x1000, GTT_RING)
     c.args.flags |= abi.KFD_IOC_ALLOC_MEM_FLAGS_VRAM
     expect_errno(errno.EINVAL, s.run, c, why="several memory types (mock strictness")
+    c = abi.alloc_memory(gid, 0x10000000, 0x1000, GTT_RING)
+    c.args.flags |= 0x100
+    expect_errno(errno.EINVAL, s.run, c, why="0x100 carry bits kfd_ioctl.h does not")
+    c = abi.alloc_memory(gid, 0x10000000, 0x1000, GTT_RING)
+    c.args.va_addr += 0x10
+    expect_errno(errno.EINVAL, s.run, c, why="not page aligned")
     expect_errno(errno.EINVAL, s.run, abi.free_memory(abi.make_handle(gid, 999)), why="not a live allocation")
     expect_errno(errno.EINVAL, s.run, abi.free_memory(abi.make_handle(0x7777, 0)), why="names gpu_id 0x7777")
     # MAP of an unknown handle is ENOMEM in amdkfd (kfd_process_device_translate_handle failing)
@@ -598,7 +604,7 @@ def test_gpu_view_userptr_and_faults(kfd: MockKFD) -> None:
     kfd.munmap(va, 0x2000)
 
 
-def test_gfx942_profile_brings_up(kfd: MockKFD) -> None:
+def test_gfx942_profile_brings_up() -> None:
     m = MockKFD(GFX942)
     s = open_session(m)
     assert s.node.target == "gfx942" and s.node.wave_size == 64
@@ -607,6 +613,9 @@ def test_gfx942_profile_brings_up(kfd: MockKFD) -> None:
     m.close(s.drm_fd)
     m.close(s.kfd_fd)
     assert len(m.auto_freed) == 6  # two queues and four mapped buffers, freed with the process
+    for b in s.bufs:
+        m.munmap(b.va, b.size)
+    assert m.leaks()["cpu_mappings"] == []
 
 
 def test_sysfs_is_read_only_and_unknown_paths_do_not_exist(kfd: MockKFD) -> None:

@@ -604,6 +604,9 @@ class MockKFD:
         if kinds & (kinds - 1) and self.strict:
             raise _Fail(errno.EINVAL, f"flags {abi.describe_mem_flags(flags)} name several memory types "
                         "(mock strictness: amdgpu takes the first)")
+        if self.strict and flags & ~(abi.MEM_TYPE_FLAGS | abi.MEM_ATTR_FLAGS):
+            raise _Fail(errno.EINVAL, f"flags {abi.describe_mem_flags(flags)} carry bits kfd_ioctl.h does "
+                        "not define (mock strictness: amdgpu ignores them)")
         if self.strict and (va % abi.PAGE_SIZE or size % abi.PAGE_SIZE):
             raise _Fail(errno.EINVAL, f"va {va:#x} / size {size:#x} not page aligned (mock strictness: the "
                         "map would fail)")
