@@ -151,6 +151,7 @@ def test_bringup_sequence_runs_and_leaves_nothing_behind(kfd: MockKFD) -> None:
     memfds_before = Memfd.live
     s = open_session(kfd)
     assert kfd.runtime_enabled and kfd.vm_fd == s.drm_fd
+    expect_errno(errno.EBUSY, s.run, abi.runtime_enable(), why="already enabled")
     data = s.alloc(0x4000, VRAM | abi.KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC)  # CPU-visible VRAM (large BAR)
     ring, ptrs, eop, cq, sq = make_queues(s)
     doorbell_bo = s.alloc(abi.DOORBELL_PROCESS_SLICE, abi.KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL)
@@ -226,10 +227,11 @@ def test_bringup_sequence_runs_and_leaves_nothing_behind(kfd: MockKFD) -> None:
     leaks = kfd.leaks()
     assert all(v == [] for v in leaks.values()), leaks
     assert Memfd.live == memfds_before
-    assert doorbell_bo not in s.bufs and kfd.calls[:4] == [
+    assert doorbell_bo not in s.bufs and kfd.calls[:5] == [
         "GET_VERSION",
         "ACQUIRE_VM",
         "RUNTIME_ENABLE",
+        "RUNTIME_ENABLE",  # the refused second one
         "ALLOC_MEMORY_OF_GPU",
     ]
 

@@ -569,7 +569,10 @@ class MockKFD:
         self.vm_fd = a.drm_fd
 
     def _k_runtime_enable(self, a: Any) -> None:
-        self.runtime_enabled = bool(a.mode_mask & abi.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK)
+        enable = bool(a.mode_mask & abi.KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK)
+        if enable and self.runtime_enabled:
+            raise _Fail(errno.EBUSY, "the runtime is already enabled (kfd_chardev.c runtime_enable)")
+        self.runtime_enabled = enable
         a.capabilities_mask = 0
 
     def _k_set_memory_policy(self, a: Any) -> None:
