@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Callable
 
 import cffi
@@ -61,12 +60,18 @@ def test_reserve_waits_for_retirement_and_flushes_first() -> None:
                 timeout_s=TIMEOUT_S)
     ring.reserve(4)
     ring.commit(4)
-    timer = threading.Timer(0.05, retire_to, (2,))
+    retiring = threading.Event()
+
+    def retire_later() -> None:
+        retiring.set()  # set before the retire, so a reserve that returns has seen it happen
+        retire_to(2)
+
+    timer = threading.Timer(0.05, retire_later)
     timer.start()
-    t0 = time.perf_counter()
-    assert ring.reserve(2) == 0  # waited until the device retired 2 dwords
+    assert ring.reserve(2) == 0
+    assert retiring.is_set(), "reserve returned before the device retired the dwords it reuses"
     timer.join()
-    assert time.perf_counter() - t0 >= 0.04 and flushed.is_set()
+    assert flushed.is_set()
 
 
 def test_full_ring_times_out_naming_ring_queue_and_room_then_recovers() -> None:
