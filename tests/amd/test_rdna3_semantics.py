@@ -3,12 +3,15 @@ output changes; these keep working when it starts emitting them again), checked 
 VALU mnemonic of the generated table has semantics."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
 from rawgrad.drivers.amd.mock.rdna3 import interp
 from rawgrad.drivers.amd.mock.rdna3.decode import mnemonic_base
 from rawgrad.drivers.amd.mock.rdna3.optable import OPTABLE
+from rawgrad.drivers.amd.mock.rdna3.optable_ops import OPTABLE_OPS
 
 RNG = np.random.default_rng(11)
 F32 = (RNG.standard_normal(64) * 10).astype(np.float32)
@@ -18,6 +21,7 @@ V32 = RNG.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
 W32 = RNG.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
 I32, J32, K32 = U32.view(np.int32), V32.view(np.int32), W32.view(np.int32)
 U16, V16 = U32.astype(np.uint16), V32.astype(np.uint16)
+I16, J16 = U16.view(np.int16), V16.view(np.int16)
 F64, G64 = F32.astype(np.float64) * 1.1, G32.astype(np.float64) * 0.9
 H16, K16 = F32.astype(np.float16), G32.astype(np.float16)
 
@@ -70,6 +74,14 @@ CASES = [
                                               for a, b, c in zip(U32, V32, W32)], np.int32)),
     ("v_xor_b16", (U16, V16), U16 ^ V16),
     ("v_lshlrev_b16", (U16, V16), V16 << (U16 & 15)),
+    ("v_trunc_f16", (H16,), np.trunc(H16)),
+    ("v_max_i16", (I16, J16), np.maximum(I16, J16)),
+    ("v_min_u16", (U16, V16), np.minimum(U16, V16)),
+    ("v_max3_i16", (I16, J16, I16 // 3), np.maximum(np.maximum(I16, J16), I16 // 3)),
+    ("v_min3_u16", (U16, V16, U16 // 3), np.minimum(np.minimum(U16, V16), U16 // 3)),
+    ("v_med3_u16", (U16, V16, U16 // 3), np.median(np.stack([U16, V16, U16 // 3]), axis=0).astype(np.uint16)),
+    ("v_bcnt_u32_b32", (U32, V32), np.array([bin(int(x)).count("1") for x in U32], np.uint32) + V32),
+    ("v_mad_i32_i24", (U32, V32, K32), (_s24(U32) * _s24(V32) + K32).astype(np.int32)),
     ("v_fmamk_f32", (F32, G32, F32), (F32.astype(np.float64) * G32 + F32).astype(np.float32)),
     ("v_fmaak_f32", (F32, G32, F32), (F32.astype(np.float64) * G32 + F32).astype(np.float32)),
 ]
@@ -82,9 +94,24 @@ def test_valu_semantics(name: str, args: tuple, want: np.ndarray) -> None:
     np.testing.assert_array_equal(got, np.asarray(want).astype(got.dtype))
 
 
+def test_fma_f16_rounds_once() -> None:
+    a, b, c = H16, K16, (F32 / 7).astype(np.float16)
+    want = np.array([float(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+                     for x, y, z in zip(a, b, c)]).astype(np.float16)  # via float64: may round twice
+    got = _fn("v_fma_f16")(a, b, c)
+    assert (np.abs(got.astype(np.float64) - want.astype(np.float64)) <= np.spacing(np.abs(want))).all()
+    assert (got == want).mean() > 0.95
+
+
 def test_rsq_is_close() -> None:
     x = np.abs(F32) + np.float32(0.5)
     np.testing.assert_allclose(_fn("v_rsq_f32")(x), 1 / np.sqrt(x.astype(np.float64)), rtol=1e-7)
+
+
+def test_tables_agree() -> None:
+    """The corpus table and the exhaustive one (op test kernels) name every shared key alike."""
+    shared = OPTABLE.keys() & OPTABLE_OPS.keys()
+    assert shared and [k for k in shared if OPTABLE[k] != OPTABLE_OPS[k]] == []
 
 
 def test_every_table_valu_mnemonic_has_semantics() -> None:

@@ -369,10 +369,10 @@ def _flush(x: np.ndarray, mode: int, inputs: bool) -> np.ndarray:
     return np.where((np.abs(x) < tiny) & (x != 0), np.copysign(np.zeros_like(x), x), x)
 
 
-def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Fused multiply-add rounded once to float32: the product of two float32 is exact in float64; the sum is
-    computed in float64 rounded to odd (its exact error decides the last bit), which makes the final
-    rounding to float32 correct (round-to-odd with >= 2 extra bits, Boldo & Melquiond)."""
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: Any = np.float32) -> np.ndarray:
+    """Fused multiply-add rounded once to float32 (or float16): the product of two such floats is exact in
+    float64; the sum is computed in float64 rounded to odd (its exact error decides the last bit), which makes
+    the final rounding correct (round-to-odd with >= 2 extra bits, Boldo & Melquiond)."""
     p = a.astype(np.float64) * b.astype(np.float64)
     c64 = np.broadcast_to(c.astype(np.float64), p.shape)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -382,7 +382,7 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         bits = s.view(np.uint64) if s.flags.c_contiguous else np.ascontiguousarray(s).view(np.uint64)
         fix = np.isfinite(s) & (err != 0) & ((bits & np.uint64(1)) == 0)
         s = np.where(fix, np.nextafter(s, s + err), s)
-        return s.astype(np.float32)
+        return s.astype(out)
 
 
 def _fmax(a: Any, b: Any) -> np.ndarray:
@@ -529,6 +529,14 @@ def _fma64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
+def _popcount32(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.uint32)
+    x = x - ((x >> np.uint32(1)) & np.uint32(0x55555555))
+    x = (x & np.uint32(0x33333333)) + ((x >> np.uint32(2)) & np.uint32(0x33333333))
+    x = (x + (x >> np.uint32(4))) & np.uint32(0x0F0F0F0F)
+    return (x * np.uint32(0x01010101)) >> np.uint32(24)
+
+
 def _i24(x: np.ndarray) -> np.ndarray:
     """The low 24 bits of x as a signed integer (int64), as the *_i24 multiplies read their sources."""
     low = (np.asarray(x, np.uint32) & np.uint32(0xFFFFFF)).astype(np.int64)
@@ -673,6 +681,21 @@ _VALU: dict[str, _VOp] = {
     "v_lshlrev_b16": _u(lambda a, b: b << (a & np.uint16(15)), 2, "u16"),
     "v_lshrrev_b16": _u(lambda a, b: b >> (a & np.uint16(15)), 2, "u16"),
     "v_ashrrev_i16": _VOp("i16", ("u16", "i16"), lambda a, b: b >> (a & np.uint16(15)).astype(np.int16)),
+    "v_fma_f16": _f(lambda a, b, c: _fma32(a, b, c, np.float16), 3, "f16"),
+    "v_trunc_f16": _f(np.trunc, 1, "f16"),
+    "v_rcp_f16": _f(lambda a: (1.0 / a.astype(np.float64)).astype(np.float16), 1, "f16"),
+    "v_max_i16": _VOp("i16", ("i16", "i16"), np.maximum),
+    "v_min_i16": _VOp("i16", ("i16", "i16"), np.minimum),
+    "v_max_u16": _u(np.maximum, 2, "u16"),
+    "v_min_u16": _u(np.minimum, 2, "u16"),
+    "v_max3_i16": _VOp("i16", ("i16",) * 3, lambda a, b, c: np.maximum(np.maximum(a, b), c)),
+    "v_min3_i16": _VOp("i16", ("i16",) * 3, lambda a, b, c: np.minimum(np.minimum(a, b), c)),
+    "v_max3_u16": _u(lambda a, b, c: np.maximum(np.maximum(a, b), c), 3, "u16"),
+    "v_min3_u16": _u(lambda a, b, c: np.minimum(np.minimum(a, b), c), 3, "u16"),
+    "v_med3_u16": _u(lambda a, b, c: np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c)), 3, "u16"),
+    "v_bcnt_u32_b32": _u(lambda a, b: _popcount32(a) + b),
+    "v_mad_i32_i24": _VOp("i32", ("u32", "u32", "i32"),
+                          lambda a, b, c: (_i24(a) * _i24(b) + c).astype(np.int32)),
     "v_max_i32": _VOp("i32", ("i32", "i32"), np.maximum),
     "v_min_i32": _VOp("i32", ("i32", "i32"), np.minimum),
     "v_max_u32": _u(np.maximum),
