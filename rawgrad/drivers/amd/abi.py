@@ -22,48 +22,18 @@ from typing import Any
 
 import cffi
 
+from rawgrad.drivers.ioctl import IOC_NONE as IOC_NONE
+from rawgrad.drivers.ioctl import IOC_READ as IOC_READ
+from rawgrad.drivers.ioctl import IOC_WRITE as IOC_WRITE
+from rawgrad.drivers.ioctl import ioc as ioc
+from rawgrad.drivers.ioctl import ioc_dir as ioc_dir
+from rawgrad.drivers.ioctl import ioc_nr as ioc_nr
+from rawgrad.drivers.ioctl import ioc_size as ioc_size
+from rawgrad.drivers.ioctl import ioc_type as ioc_type
+
 # ---------------------------------------------------------------------------------------------
-# ioctl number encoding (Linux include/uapi/asm-generic/ioctl.h)
-_IOC_NRBITS = 8  # asm-generic/ioctl.h _IOC_NRBITS
-_IOC_TYPEBITS = 8  # asm-generic/ioctl.h _IOC_TYPEBITS
-_IOC_SIZEBITS = 14  # asm-generic/ioctl.h _IOC_SIZEBITS
-_IOC_NRSHIFT = 0
-_IOC_TYPESHIFT = _IOC_NRSHIFT + _IOC_NRBITS
-_IOC_SIZESHIFT = _IOC_TYPESHIFT + _IOC_TYPEBITS
-_IOC_DIRSHIFT = _IOC_SIZESHIFT + _IOC_SIZEBITS
-IOC_NONE = 0  # asm-generic/ioctl.h _IOC_NONE
-IOC_WRITE = 1  # asm-generic/ioctl.h _IOC_WRITE (user -> kernel, "IOC_IN" in the kernel's ioctl code)
-IOC_READ = 2  # asm-generic/ioctl.h _IOC_READ (kernel -> user, "IOC_OUT")
-
+# ioctl numbers: the Linux _IOC encoding lives in drivers/ioctl.py (re-exported here for the mock and tests)
 AMDKFD_IOCTL_BASE = ord("K")  # kfd_ioctl.h AMDKFD_IOCTL_BASE
-
-
-def ioc(direction: int, type_char: int, nr: int, size: int) -> int:
-    """Linux ``_IOC(dir, type, nr, size)``."""
-    if not 0 <= size < (1 << _IOC_SIZEBITS):
-        raise ValueError(f"ioctl size {size} does not fit the {_IOC_SIZEBITS}-bit size field")
-    if not 0 <= nr < (1 << _IOC_NRBITS):
-        raise ValueError(f"ioctl nr {nr} does not fit the {_IOC_NRBITS}-bit nr field")
-    return ((direction << _IOC_DIRSHIFT) | (size << _IOC_SIZESHIFT) | (type_char << _IOC_TYPESHIFT)
-            | (nr << _IOC_NRSHIFT))
-
-
-def ioc_nr(request: int) -> int:
-    """``_IOC_NR``: the only field amdkfd dispatches on (it trusts its own table for the rest)."""
-    return (request >> _IOC_NRSHIFT) & ((1 << _IOC_NRBITS) - 1)
-
-
-def ioc_size(request: int) -> int:
-    """``_IOC_SIZE``: the number of bytes amdkfd copies from and back to the caller."""
-    return (request >> _IOC_SIZESHIFT) & ((1 << _IOC_SIZEBITS) - 1)
-
-
-def ioc_type(request: int) -> int:
-    return (request >> _IOC_TYPESHIFT) & ((1 << _IOC_TYPEBITS) - 1)
-
-
-def ioc_dir(request: int) -> int:
-    return (request >> _IOC_DIRSHIFT) & 0x3
 
 
 # ---------------------------------------------------------------------------------------------

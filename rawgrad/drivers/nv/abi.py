@@ -12,46 +12,15 @@ from typing import Any
 
 import cffi
 
-# ---------------------------------------------------------------------------------------------
-# ioctl number encoding (Linux <asm-generic/ioctl.h>; NV-FACTS 1.2)
-_IOC_NRBITS = 8  # asm-generic/ioctl.h _IOC_NRBITS
-_IOC_TYPEBITS = 8  # asm-generic/ioctl.h _IOC_TYPEBITS
-_IOC_SIZEBITS = 14  # asm-generic/ioctl.h _IOC_SIZEBITS
-_IOC_NRSHIFT = 0
-_IOC_TYPESHIFT = _IOC_NRSHIFT + _IOC_NRBITS
-_IOC_SIZESHIFT = _IOC_TYPESHIFT + _IOC_TYPEBITS
-_IOC_DIRSHIFT = _IOC_SIZESHIFT + _IOC_SIZEBITS
-_IOC_WRITE = 1  # asm-generic/ioctl.h _IOC_WRITE
-_IOC_READ = 2  # asm-generic/ioctl.h _IOC_READ
+from rawgrad.drivers.ioctl import ioc_nr as ioc_nr
+from rawgrad.drivers.ioctl import ioc_size as ioc_size
+from rawgrad.drivers.ioctl import ioc_type as ioc_type
+from rawgrad.drivers.ioctl import iowr as iowr
 
+# ---------------------------------------------------------------------------------------------
+# ioctl numbers: the Linux _IOC encoding lives in drivers/ioctl.py (NV-FACTS 1.2; re-exported here)
 NV_IOCTL_MAGIC = ord("F")  # kernel-open/common/inc/nv-ioctl-numbers.h NV_IOCTL_MAGIC
 NV_ABSOLUTE_MAX_IOCTL_SIZE = 16384  # kernel-open/common/inc/nv.h NV_ABSOLUTE_MAX_IOCTL_SIZE
-
-
-def iowr(type_char: int, nr: int, size: int) -> int:
-    """Linux ``_IOWR(type, nr, size)``."""
-    if not 0 <= size < (1 << _IOC_SIZEBITS):
-        raise ValueError(f"ioctl size {size} does not fit the {_IOC_SIZEBITS}-bit size field")
-    return (
-        ((_IOC_READ | _IOC_WRITE) << _IOC_DIRSHIFT)
-        | (size << _IOC_SIZESHIFT)
-        | (type_char << _IOC_TYPESHIFT)
-        | (nr << _IOC_NRSHIFT)
-    )
-
-
-def ioc_nr(request: int) -> int:
-    """``_IOC_NR``: the escape code the NVIDIA module dispatches on."""
-    return (request >> _IOC_NRSHIFT) & ((1 << _IOC_NRBITS) - 1)
-
-
-def ioc_size(request: int) -> int:
-    """``_IOC_SIZE``: the byte count the module copies in and out."""
-    return (request >> _IOC_SIZESHIFT) & ((1 << _IOC_SIZEBITS) - 1)
-
-
-def ioc_type(request: int) -> int:
-    return (request >> _IOC_TYPESHIFT) & ((1 << _IOC_TYPEBITS) - 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,22 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-import cffi
-
 from rawgrad.drivers import osapi
 from rawgrad.drivers.amd import abi
 from rawgrad.drivers.amd.topology import KFD_PATH, NODES_DIR, RENDER_NODE_PREFIX, TOPOLOGY_ROOT
+from rawgrad.drivers.memfd import Memfd
+from rawgrad.drivers.memfd import ffi as _ffi
+from rawgrad.drivers.memfd import libc as _libc
 
-_ffi = cffi.FFI()
-_ffi.cdef("""
-int memfd_create(const char *name, unsigned int flags);
-int ftruncate(int fd, long length);
-int close(int fd);
-void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
-int munmap(void *addr, size_t length);
-""")
-_libc: Any = _ffi.dlopen(None)
-MFD_CLOEXEC = 0x1  # linux/memfd.h MFD_CLOEXEC
 ENOTSUPP = 524  # include/linux/errno.h ENOTSUPP (kernel-internal; CREATE_QUEUE answers a bad queue type)
 
 _FD_BASE = 2000  # mock fds far from real ones (and from the NV mock's 1000s), so a mix-up fails loudly
@@ -129,37 +120,6 @@ class _Fail(Exception):
     def __init__(self, err: int, msg: str):
         super().__init__(msg)
         self.errno, self.msg = err, msg
-
-
-class Memfd:
-    """Host pages for one allocation: a memfd plus the mock's own shared mapping of it."""
-
-    live = 0  # memfds not yet released, over all mocks (leak checks)
-
-    def __init__(self, size: int, name: str):
-        self.size = size
-        self.fd = _libc.memfd_create(name.encode(), MFD_CLOEXEC)
-        if self.fd < 0:
-            raise osapi.os_error("memfd_create", _ffi.errno)
-        if _libc.ftruncate(self.fd, size) != 0:
-            err = _ffi.errno
-            _libc.close(self.fd)
-            raise osapi.os_error("ftruncate", err)
-        ptr = _libc.mmap(_ffi.NULL, size, osapi.PROT_READ | osapi.PROT_WRITE, osapi.MAP_SHARED, self.fd, 0)
-        self.addr = int(_ffi.cast("uintptr_t", ptr))
-        if self.addr == osapi.MAP_FAILED:
-            err = _ffi.errno
-            _libc.close(self.fd)
-            raise osapi.os_error("mmap(memfd)", err)
-        self.released = False
-        Memfd.live += 1
-
-    def release(self) -> None:
-        if not self.released:
-            _libc.munmap(_ffi.cast("void *", self.addr), self.size)
-            _libc.close(self.fd)
-            self.released = True
-            Memfd.live -= 1
 
 
 @dataclass

@@ -15,22 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cffi
-
 from rawgrad.drivers import osapi
+from rawgrad.drivers.memfd import Memfd
+from rawgrad.drivers.memfd import ffi as _ffi
+from rawgrad.drivers.memfd import libc as _libc
 from rawgrad.drivers.nv import abi
 from rawgrad.drivers.nv.mock.gpu import ChannelState, GPUMapping, MockGPU
-
-_ffi = cffi.FFI()
-_ffi.cdef("""
-int memfd_create(const char *name, unsigned int flags);
-int ftruncate(int fd, long length);
-int close(int fd);
-void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
-int munmap(void *addr, size_t length);
-""")
-_libc: Any = _ffi.dlopen(None)
-MFD_CLOEXEC = 0x1  # linux/memfd.h MFD_CLOEXEC
 
 CTL_PATH = "/dev/nvidiactl"
 UVM_PATH = "/dev/nvidia-uvm"
@@ -109,30 +99,10 @@ AMPERE = GPUProfile(
 )
 
 
-class Backing:
-    """Real host pages for a memory object: a memfd plus the mock's own mapping of it."""
-
-    def __init__(self, size: int, name: str):
-        self.size = size
-        self.fd = _libc.memfd_create(name.encode(), MFD_CLOEXEC)
-        if self.fd < 0:
-            raise osapi.os_error("memfd_create", _ffi.errno)
-        if _libc.ftruncate(self.fd, size) != 0:
-            raise osapi.os_error("ftruncate", _ffi.errno)
-        ptr = _libc.mmap(_ffi.NULL, size, osapi.PROT_READ | osapi.PROT_WRITE, osapi.MAP_SHARED, self.fd, 0)
-        self.addr = int(_ffi.cast("uintptr_t", ptr))
-        if self.addr == osapi.MAP_FAILED:
-            raise osapi.os_error("mmap(memfd)", _ffi.errno)
-
-    def release(self) -> None:
-        _libc.munmap(_ffi.cast("void *", self.addr), self.size)
-        _libc.close(self.fd)
-
-
 class MemObject:
     """Payload of an RM memory (or usermode MMIO) object."""
 
-    def __init__(self, kind: str, size: int, host_addr: int, backing: Backing | None):
+    def __init__(self, kind: str, size: int, host_addr: int, backing: Memfd | None):
         self.kind, self.size, self.host_addr, self.backing = kind, size, host_addr, backing
         self.refs = 1  # the RM object itself; UVM and CPU mappings add more
 
@@ -643,12 +613,12 @@ class MockNV:
                     raise _RmFail("NV_ERR_NO_MEMORY")
                 self.vram_used += size
             kind = "vram" if cls == abi.NV01_MEMORY_LOCAL_USER else "sysmem"
-            b = Backing(size, f"mock-nv-{kind}")
+            b = Memfd(size, f"mock-nv-{kind}")
             obj.mem = MemObject(kind, size, b.addr, b)
             prm.address, prm.limit = self._next_phys, size - 1
             self._next_phys += size
         elif cls in prof.usermode_classes:
-            b = Backing(0x10000, "mock-nv-usermode")
+            b = Memfd(0x10000, "mock-nv-usermode")
             obj.mem = MemObject("usermode", 0x10000, b.addr, b)
         elif cls == abi.FERMI_VASPACE_A:
             prm = self._params(cls, pptr, True)
