@@ -34,8 +34,7 @@ import math
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.lower import GROUP_SLOT_BYTES, LinearProgram, lower
-from rawgrad.compiler.renderer.llvm import LOOP_METADATA, LLVMEmitter, const_text, reg_type
-from rawgrad.compiler.renderer.ptx import (
+from rawgrad.compiler.renderer.f64_math import (
     ATANH_F64_TERMS,
     EXP2_F64_MAX_ARG,
     EXP2_F64_MIN_ARG,
@@ -48,6 +47,7 @@ from rawgrad.compiler.renderer.ptx import (
     SIN_F64_TERMS,
     SUBNORMAL_SCALE_BITS,
 )
+from rawgrad.compiler.renderer.llvm import LOOP_METADATA, LLVMEmitter, const_text, reg_type
 from rawgrad.compiler.target import AMD_GFX942, AMD_GFX1100, AMD_TRIPLE, Target
 from rawgrad.dtype import dtypes
 

@@ -55,6 +55,19 @@ import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.lower import GROUP_SLOT_BYTES, LinearProgram, lower
+from rawgrad.compiler.renderer.f64_math import (
+    ATANH_F64_TERMS,
+    EXP2_F64_MAX_ARG,
+    EXP2_F64_MIN_ARG,
+    EXP_F64_TERMS,
+    F64_EXPONENT_BIAS,
+    F64_EXPONENT_MASK,
+    F64_MANTISSA_BITS,
+    F64_MIN_NORMAL,
+    PIO2_F64_PARTS,
+    SIN_F64_TERMS,
+    SUBNORMAL_SCALE_BITS,
+)
 from rawgrad.compiler.target import Target, nv_target
 from rawgrad.dtype import DType, dtypes
 
@@ -143,22 +156,6 @@ def _raw_class(dt: DType) -> str:
     if dt == dtypes.float16:
         return "b16"
     return reg_class(dt)
-
-
-# float64 layout (IEEE 754 binary64)
-F64_MANTISSA_BITS = 52
-F64_EXPONENT_BIAS = 1023
-F64_EXPONENT_MASK = 0x7FF
-F64_MIN_NORMAL = 2.0 ** -1022
-SUBNORMAL_SCALE_BITS = 54  # scales any subnormal into the normal range
-# exp2 arguments outside this range give 0 / inf anyway; clamping keeps the integer part representable
-EXP2_F64_MIN_ARG, EXP2_F64_MAX_ARG = -1080.0, 1030.0
-EXP_F64_TERMS = 15  # Taylor terms of e**t for |t| <= ln2/2: truncation error ~1e-20
-ATANH_F64_TERMS = 12  # atanh series terms for |s| <= 0.172: truncation error ~1e-19
-SIN_F64_TERMS = 9  # sine terms (and 10 cosine terms) for |r| <= pi/4: truncation error ~1e-19
-# pi/2 as 33 + 33 significant bits + the rest: k * part is exact in the first two parts for |k| < 2**20
-# (Cody-Waite reduction)
-PIO2_F64_PARTS = (1.5707963267341256, 6.077100506303966e-11, 2.0222662487959506e-21)
 
 
 def float_imm(v: float, dt: DType) -> str:
