@@ -14,7 +14,7 @@ from rawgrad.hcq.allocator import Allocator
 from rawgrad.hcq.errors import DeviceClosedError, DeviceUnavailable, HCQError
 from rawgrad.hcq.program import KernelLaunch, Program
 from rawgrad.hcq.queue import HWQueue, Value
-from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, Signal
+from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, NS_CLOCK, DeviceClock, Signal
 
 __all__ = ["Device", "DeviceRegistry", "DeviceUnavailable", "HCQDevice"]
 
@@ -55,6 +55,9 @@ None for a device that cannot run kernels.
 
     # True once close() ran: nothing of this instance may be touched any more (drivers set or override it)
     closed: bool = False
+    # How its timestamps count time (hcq/signal.py DeviceClock): ns on the CPU and NV; AMD counts 10-ns ticks,
+    # Metal has per-command-buffer seconds and no per-kernel timestamp inside a replay
+    clock: DeviceClock = NS_CLOCK
 
     def check_open(self) -> None:
         """Raise DeviceClosedError if this instance was closed (before any access to its memory, which

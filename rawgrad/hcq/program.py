@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from rawgrad.compiler.target import LaunchSpec
 from rawgrad.hcq.allocator import HCQBuffer
-from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S
+from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, device_clock
 
 if TYPE_CHECKING:
     from rawgrad.hcq.device import HCQDevice
@@ -58,7 +58,7 @@ class Program:
             value, q = dev.timeline_submit(
                 lambda q: q.timestamp(start).exec(self, args, gsize, local_size).timestamp(end))
             dev.timeline_signal.wait(value, timeout_s, queue=q.name, check=dev.check_fault)
-            return (end.timestamp - start.timestamp) / NS_PER_S
+            return device_clock(dev).ticks_to_ns(end.timestamp - start.timestamp) / NS_PER_S
 
 
 @dataclass(frozen=True)
