@@ -90,6 +90,13 @@ def renderer_ops():  # type: ignore[no-untyped-def]
     i64 = Tensor(rng.integers(-(2**40), 2**40, 64).astype(np.int64))
     yield (i64 <= 5).where(i64, -i64)
     yield a.cast(dtypes.int8)
+    s8 = Tensor(rng.integers(-128, 128, (4, 6)).astype(np.int8))
+    yield s8.max(axis=1)  # narrow wave reductions move values through SGPRs (v_readfirstlane_b32)
+    yield s8.min(axis=0)
+    yield s8.prod(1)
+    yield s8.max()
+    yield s8.sum()
+    yield (s8 > 0).any(1)
 
 
 @dataclass

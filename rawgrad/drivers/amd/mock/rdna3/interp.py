@@ -853,7 +853,8 @@ def _write_s64(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
 
 
 # ---------------------------------------------------------------------- VALU execution
-_VALU_SPECIAL = {"v_cndmask_b32", "v_cndmask_b16", "v_fma_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16",
+_VALU_SPECIAL = {"v_readfirstlane_b32", "v_readlane_b32", "v_writelane_b32",
+                 "v_cndmask_b32", "v_cndmask_b16", "v_fma_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16",
                  "v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32",
                  "v_subrev_co_ci_u32", "v_mad_u64_u32", "v_mad_i64_i32", "v_div_scale_f32", "v_div_scale_f64"}
 _VOP3SD = {"v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32",
@@ -972,6 +973,27 @@ def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
         sel = st.mask_of(sel_reg, w)
         r = np.where(sel, b.view(uty), a.view(uty))
         return lambda: _write_v(st, vdst, w, r, "b32" if wide else "u16", lanes, hi=dst_hi)
+
+    if base in ("v_readfirstlane_b32", "v_readlane_b32"):
+        # a lane's value to an SGPR (vdst names the SGPR): the first active lane (lane 0 when EXEC is 0),
+        # or the lane src1 selects modulo the wave size; EXEC does not gate it (RDNA3 ISA, V_READLANE_B32)
+        x = np.broadcast_to(_read_src(st, ins, srcs[0], "b32", w, 0, base), lanes.shape)
+        if base == "v_readfirstlane_b32":
+            lane = np.where(lanes.any(axis=1), np.argmax(lanes, axis=1), 0)
+        else:
+            lane = (np.broadcast_to(_read_src(st, ins, srcs[1], "u32", w, 1, base), (len(w), 1))[:, 0]
+                    % WAVE).astype(np.int64)
+        picked = x[np.arange(len(w)), lane]
+        return lambda: _write_s(st, vdst, w, picked)
+
+    if base == "v_writelane_b32":
+        # a scalar into one lane of vdst (src1 modulo the wave size), whatever EXEC says
+        val = np.broadcast_to(_read_src(st, ins, srcs[0], "b32", w, 0, base), (len(w), 1))[:, 0]
+        lane = (np.broadcast_to(_read_src(st, ins, srcs[1], "u32", w, 1, base), (len(w), 1))[:, 0]
+                % WAVE).astype(np.int64)
+        only = np.zeros(lanes.shape, bool)
+        only[np.arange(len(w)), lane] = True
+        return lambda: _write_v(st, vdst, w, np.broadcast_to(val[:, None], lanes.shape), "b32", only)
 
     if base in ("v_fma_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16"):
         vals = [_mix_source(st, ins, srcs[k], w, k) for k in range(3)]
@@ -1102,6 +1124,9 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
             _write_s(st, f["sdst"], w, old)
             st.s[w, EXEC_LO] = new
             st.scc[w] = (new != 0).astype(np.uint32)
+        elif base in ("s_sext_i32_i8", "s_sext_i32_i16"):
+            _write_s(st, f["sdst"], w, a.astype(np.int8 if base.endswith("i8") else np.int16)
+                     .astype(np.int32).view(np.uint32))
         elif base == "s_not_b32":
             r = ~a
             _write_s(st, f["sdst"], w, r)
@@ -1109,7 +1134,8 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         else:
             raise MockUnsupported(ins.name)
         return
-    b_width = 32 if base in ("s_lshl_b64", "s_lshr_b64", "s_ashr_i64") else (64 if wide else 32)
+    b_width = 32 if base in ("s_lshl_b64", "s_lshr_b64", "s_ashr_i64", "s_bfe_i64", "s_bfe_u64") else \
+        (64 if wide else 32)
     b = _s_src(st, ins.src("ssrc1"), w, b_width)
     if ins.fmt == "SOPC" and wide:
         preds64 = {"s_cmp_eq_u64": a == b, "s_cmp_lg_u64": a != b}
@@ -1166,6 +1192,19 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         _write_s64(st, f["sdst"], w, r64)
         st.scc[w] = (r64 != 0).astype(np.uint32)
         return
+    elif base in ("s_bfe_i64", "s_bfe_u64"):  # S1: offset in bits 5:0, width in bits 22:16
+        off = (b & np.uint32(63)).astype(np.uint64)
+        width = np.minimum((b >> np.uint32(16)) & np.uint32(0x7F), np.uint32(64)).astype(np.uint64)
+        ones = (np.uint64(1) << (width % np.uint64(64))) - np.uint64(1)
+        mask = np.where(width >= 64, np.uint64(2**64 - 1), ones)
+        field = (a >> off) & mask
+        if base == "s_bfe_i64":
+            sign_bit = np.maximum(width, np.uint64(1)) - np.uint64(1)
+            top = np.where(width > 0, (field >> sign_bit) & np.uint64(1), 0)
+            field = np.where((top == 1) & (width < 64), field | ~mask, field)
+        _write_s64(st, f["sdst"], w, field)
+        st.scc[w] = (field != 0).astype(np.uint32)
+        return
     elif base in ("s_and_b64", "s_or_b64", "s_xor_b64"):
         r64 = {"s_and_b64": a & b, "s_or_b64": a | b, "s_xor_b64": a ^ b}[base]
         _write_s64(st, f["sdst"], w, r64)
@@ -1180,6 +1219,10 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         r, scc = np.where(pick, a, b), pick
     elif base == "s_cselect_b32":
         r = np.where(st.scc[w] != 0, a, b)
+    elif base == "s_bfe_i32":  # S1: offset in bits 4:0, width in bits 22:16; the field sign-extended
+        off, width = b & np.uint32(31), (b >> np.uint32(16)) & np.uint32(0x7F)
+        r = _bfe_signed(a, off, np.minimum(width, np.uint32(32))).view(np.uint32)
+        scc = r != 0
     elif base == "s_bfe_u32":
         off, width = b & np.uint32(31), (b >> np.uint32(16)) & np.uint32(0x7F)
         r = (a >> off) & np.where(width >= 32, np.uint32(0xFFFFFFFF),
