@@ -33,6 +33,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TextIO
 
+from rawgrad.compiler.counters import compile_sources
+
 __all__ = ["LOG_EVERY_S", "TICK_S", "Phase", "compile_sources", "mode"]
 
 TICK_S = 0.5  # bar mode: redraw at least this often
@@ -67,21 +69,6 @@ def mode(stream: TextIO | None = None) -> str:
     if want == "bar" and _tqdm() is None:
         return "lines"
     return want
-
-
-def compile_sources() -> dict[str, int]:
-    """Process-wide compiler work so far, by where the result came from: "new" = real compiler runs
-    (LLVM, ptxas / nvJitLink, PTX-only images), "cached" = artefacts read back from the disk cache. Take
-    it before and after a step; the differences are what that step compiled and what it found on disk."""
-    from rawgrad.compiler.toolchain import LLVMCompiler
-    llvm = LLVMCompiler.stats
-    new, cached = llvm.compiles, llvm.disk_hits
-    cubin = sys.modules.get("rawgrad.drivers.nv.cubin")  # NV counts exist once its compiler was imported
-    if cubin is not None:
-        nv = cubin.NVCompiler.stats
-        new += nv.assembled + nv.ptx_only
-        cached += nv.disk_hits
-    return {"new": new, "cached": cached}
 
 
 def _sized(stream: TextIO) -> bool:

@@ -23,6 +23,7 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from rawgrad.compiler.cache import BUILT, DISK, MEMORY, CompileCache, cache_folder, content_key
+from rawgrad.compiler.counters import CompileCount, register_compile_counter
 from rawgrad.compiler.target import AMD_TRIPLE
 
 __all__ = ["AMDGPUCompiler", "CompileError", "CompileStats", "LLVMCompiler", "amdgpu_compiler",
@@ -183,6 +184,11 @@ class LLVMCompiler:
 
 _host_lock = threading.Lock()
 _host: LLVMCompiler | None = None
+
+
+register_compile_counter("llvm", lambda: CompileCount(
+    LLVMCompiler.stats.compiles + LLVMCompiler.stats.cache_hits, LLVMCompiler.stats.compiles,
+    LLVMCompiler.stats.disk_hits))
 
 
 def host_compiler() -> LLVMCompiler:

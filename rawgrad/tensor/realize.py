@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rawgrad import config
+from rawgrad.compiler.counters import CompileCount, register_compile_counter
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.lower import LinearProgram
 from rawgrad.compiler.symbolic import sym_infer
@@ -35,6 +36,10 @@ class GlobalCounters:
         cls.kernel_count = 0
         cls.kernels_compiled = 0
         cls.kernel_time_s = 0.0
+
+
+# the realize loop's kernels (lowered, rendered, compiled; a compiler cache hit counts too)
+register_compile_counter("kernels", lambda: CompileCount(GlobalCounters.kernels_compiled))
 
 
 @dataclass

@@ -37,6 +37,7 @@ import cffi
 
 from rawgrad.compiler import elf
 from rawgrad.compiler.cache import BUILT, DISK, MEMORY, CompileCache, DiskCache, cache_folder, content_key
+from rawgrad.compiler.counters import CompileCount, register_compile_counter
 
 __all__ = ["Binding", "BindingError", "NVCompiler", "NoAssemblerError", "PTXAssemblyError", "PTXParam",
            "ProgramInfo", "append_section", "check_binding", "find_ptxas", "program_info",
@@ -876,6 +877,15 @@ class NVCompiler:
         else:
             cubin, kind = backend.link(ptx, self.arch), "nvjitlink"
         return bind_image(cubin, ptx, self.arch, kind, backend.identity)
+
+
+def _nv_compile_count() -> CompileCount:
+    nv = NVCompiler.stats
+    built = nv.assembled + nv.ptx_only
+    return CompileCount(built + nv.memory_hits + nv.disk_hits, built, nv.disk_hits)
+
+
+register_compile_counter("nv", _nv_compile_count)
 
 
 class _BoundDiskCache(DiskCache):
