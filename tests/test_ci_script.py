@@ -51,7 +51,7 @@ def test_all_steps_run_when_nothing_fails(tmp_path: Path) -> None:
     assert rc == 0, calls
     joined = "\n".join(calls)
     for step in ("-m pip install", "-m ruff check", "-m mypy", "-m pytest", "@.ci/nv-slice",
-                 "tools/mutation_check.py"):
+                 "tests/amd/amd_op_kernels.py", "tools/mutation_check.py"):
         assert step in joined, f"{step!r} never ran: {calls}"
 
 
@@ -73,6 +73,12 @@ def test_failing_main_tests_fail_the_run_even_when_later_stages_pass(tmp_path: P
 def test_failing_nv_slice_fails_the_run(tmp_path: Path) -> None:
     rc, calls = _run_ci(tmp_path, fail_on="@.ci/nv-slice")
     assert rc != 0, calls
+
+
+def test_failing_amd_compile_check_fails_the_run(tmp_path: Path) -> None:
+    rc, calls = _run_ci(tmp_path, fail_on="tests/amd/amd_op_kernels.py")
+    assert rc != 0, calls
+    assert not any("tools/mutation_check.py" in c for c in calls), "the run went on after the AMD check failed"
 
 
 def test_failing_mutation_check_fails_the_run(tmp_path: Path) -> None:
