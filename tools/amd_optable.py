@@ -61,6 +61,9 @@ def renderer_ops():  # type: ignore[no-untyped-def]
     yield Tensor(rng.standard_normal((4, 4096)).astype(np.float32)).sum(1)  # a block group: LDS + barriers
     yield a @ m
     yield a.cast(dtypes.float16) * 2
+    yield a.cast(dtypes.bfloat16) * 2  # bfloat16: rounded and widened through 32-bit integer ops
+    Tensor.manual_seed(18)
+    yield Tensor.rand(8, 64)  # threefry: 32-bit multiplies, rotates and xors
     d = a.cast(dtypes.float64)
     yield d.exp()
     yield d.sqrt()
