@@ -43,7 +43,7 @@ from rawgrad.errors import ArgumentError, ArgumentTypeError, ShapeError, TensorI
 from rawgrad.tensor import autograd as _autograd
 from rawgrad.tensor import realize as _realize
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy, is_allocated, writable_view
-from rawgrad.tensor.common import (  # noqa: F401 (_canon_device, _to_tuple: imported from here by others)
+from rawgrad.tensor.common import (
     _HALF_TYPES,
     Axis,
     Scalar,
@@ -54,16 +54,13 @@ from rawgrad.tensor.common import (  # noqa: F401 (_canon_device, _to_tuple: imp
     _np_to_host,
     _prod,
     _scalar,
-    _to_tuple,
     default_device,
 )
 from rawgrad.tensor.conv import ConvOps
 from rawgrad.tensor.creation import CreationOps, threefry2x32  # noqa: F401 (threefry2x32: re-exported)
 from rawgrad.tensor.elementwise import ElementwiseOps
-from rawgrad.tensor.indexing import (  # noqa: F401 (_defer_index_check, _masked_sum, embedding: re-exported)
+from rawgrad.tensor.indexing import (  # noqa: F401 (embedding: re-exported for tests)
     IndexingOps,
-    _defer_index_check,
-    _masked_sum,
     check_pending_indices,
     embedding,
 )
