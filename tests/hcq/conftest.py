@@ -87,10 +87,38 @@ def _no_nvidia() -> str | None:
     return None if os.path.exists("/dev/nvidiactl") else "no /dev/nvidiactl: no NVIDIA GPU here"
 
 
+# The mock AMD GPU (mock KFD + command-processor model + RDNA3 interpreter): only when AMD_MOCK=1 asks for it.
+AMD_SMALL_RING_BYTES = 1024  # KFD's smallest ring (KFD_MIN_QUEUE_RING_SIZE): 256 PM4 dwords
+
+
+def _no_amd_mock() -> str | None:
+    if os.environ.get("AMD_MOCK", "0") not in ("", "0"):
+        return None
+    return "AMD_MOCK=1 not set: the mock AMD GPU is not requested"
+
+
+def _open_amd_mock(ring_slots: int | None, timeout_s: float) -> HCQDevice:
+    from rawgrad.drivers.amd.device import DEFAULT_RING_BYTES, AMDDevice, MockAMD
+    mock = MockAMD()
+    try:
+        return AMDDevice("AMD", mock=mock, timeout_s=timeout_s,
+                         ring_bytes=AMD_SMALL_RING_BYTES if ring_slots is not None else DEFAULT_RING_BYTES)
+    except BaseException:
+        mock.shutdown()
+        raise
+
+
+def _amd_fault(dev: HCQDevice) -> HWQueue:
+    q = dev.queue()
+    q._emit(0)  # a type-0 PM4 header: the compute queue takes type-3 packets only, the CP halts
+    return q
+
+
 KINDS = [
     DeviceKind("CPU", lambda: None, _open_cpu, _cpu_fault),
     DeviceKind("NV-mock", lambda: None, _open_nv_mock, _nv_fault),  # the mock GPU needs no hardware
     DeviceKind("NV", _no_nvidia, _open_nv, _nv_fault),
+    DeviceKind("AMD-mock", _no_amd_mock, _open_amd_mock, _amd_fault),
 ]
 
 

@@ -122,10 +122,16 @@ class MemoryMap:
         self._bases: list[int] = []
         self._bufs: list[np.ndarray] = []
 
-    def map(self, va: int, data: np.ndarray | bytes | int) -> np.ndarray:
+    def map(self, va: int, data: np.ndarray | bytes | int, *, share: bool = False) -> np.ndarray:
         """Map `data` (an array's bytes, bytes, or a zeroed size) at `va`; returns the backing byte array
-        (a view the caller may read back)."""
-        if isinstance(data, int):
+        (a view the caller may read back). `share=True` maps a contiguous uint8 array itself, no copy: the
+        GPU then sees and writes the same pages (the mock KFD's memfd-backed allocations)."""
+        if share:
+            if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or not data.flags.c_contiguous \
+                    or not data.flags.writeable:
+                raise ValueError("a shared mapping needs a writable, contiguous uint8 array")
+            buf = data.reshape(-1)
+        elif isinstance(data, int):
             buf = np.zeros(data, np.uint8)
         elif isinstance(data, bytes | bytearray):
             buf = np.frombuffer(bytes(data), np.uint8).copy()

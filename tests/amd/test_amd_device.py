@@ -1,0 +1,224 @@
+"""The AMD HCQ device on the mock GPU (mock KFD + command-processor model + RDNA3 interpreter): bring-up and
+teardown through the OS seam, signals, the PM4 and SDMA queues, kernels, bound replay, faults, timeouts.
+
+These run without AMD_MOCK: each test opens its own mock explicitly (the registry's AMD kind needs it)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from rawgrad import Tensor, dtypes
+from rawgrad.drivers.amd import abi, pm4, regs
+from rawgrad.drivers.amd.device import AMD_CLOCK, AMDDevice, MockAMD
+from rawgrad.drivers.amd.queues import AMDComputeQueue
+from rawgrad.hcq import DeviceFault, DeviceTimeout, HCQBuffer, Program
+from rawgrad.hcq.device import DeviceRegistry, DeviceUnavailable
+from rawgrad.hcq.graph import CopyCommand, HCQGraph, address_var, build_template
+from rawgrad.tensor.schedule import create_schedule
+
+N = 64
+TIMEOUT_S = 20.0
+
+
+@pytest.fixture
+def mock() -> Iterator[MockAMD]:
+    m = MockAMD()
+    yield m
+    m.shutdown()
+
+
+@pytest.fixture
+def dev(mock: MockAMD) -> Iterator[AMDDevice]:
+    d = AMDDevice("AMD", mock=mock, timeout_s=TIMEOUT_S)
+    yield d
+    d.close()
+
+
+def _upload(dev: AMDDevice, data: np.ndarray) -> HCQBuffer:
+    buf = dev.allocator.alloc(data.nbytes)
+    dev.allocator.copyin(buf, memoryview(np.ascontiguousarray(data)))
+    return buf
+
+
+def _download(dev: AMDDevice, buf: HCQBuffer, n: int = N) -> np.ndarray:
+    out = np.empty(n, np.int32)
+    dev.allocator.copyout(memoryview(out), buf)
+    return out
+
+
+def _scale_add(dev: AMDDevice) -> Program:
+    """out[i] = 3 * x[i] + 1 over N int32 (a fixed size: no symbolic bound), rendered for gfx1100."""
+    x = Tensor.empty(N, dtype=dtypes.int32, device="CPU")
+    items, _ = create_schedule([(x * 3 + 1).uop])
+    (item,) = [it for it in items if it.ast is not None]
+    assert dev.renderer is not None
+    linear = dev.renderer.lower(item.ast, "amd_scale_add")
+    assert not linear.variables
+    return dev.program(linear.name, dev.compiler.compile(dev.renderer.render(linear)), linear.launch)
+
+
+def test_bring_up_uses_kfd_and_close_leaves_nothing(mock: MockAMD) -> None:
+    dev = AMDDevice("AMD", mock=mock)
+    assert (dev.arch, dev.clock) == ("gfx1100", AMD_CLOCK) and AMD_CLOCK.ticks_to_ns(3) == 30
+    calls = mock.kfd.calls
+    assert calls[:2] == ["GET_VERSION", "ACQUIRE_VM"] and calls.count("CREATE_QUEUE") == 2
+    kinds = sorted(q.queue_type for q in mock.kfd.queues.values())
+    assert kinds == [abi.KFD_IOC_QUEUE_TYPE_COMPUTE, abi.KFD_IOC_QUEUE_TYPE_SDMA]
+    assert len(mock.cp.queues) == 2  # mirrored into the command-processor model
+    buf = _upload(dev, np.arange(N, dtype=np.int32))
+    np.testing.assert_array_equal(_download(dev, buf), np.arange(N))
+    dev.close()
+    leaks = mock.leaks()
+    assert all(not v for v in leaks.values()), leaks
+    assert not mock.memory._bases, "the CP's memory map still holds allocations"
+    with pytest.raises(DeviceFault):
+        dev.check_fault()
+
+
+def test_cp_memory_shares_the_driver_pages(dev: AMDDevice, mock: MockAMD) -> None:
+    buf = _upload(dev, np.full(N, 7, np.int32))
+    dev.synchronize()
+    assert mock.memory.read(buf.va_addr, np.int32, N).tolist() == [7] * N  # the GPU sees the host's write
+    with mock.lock:
+        mock.memory.store(np.array([buf.va_addr], np.uint64), np.full((1, 4), 9, np.uint8))
+    assert _download(dev, buf)[0] == 0x09090909  # and the host sees the GPU's
+
+
+def test_signals_are_gtt_slots_compared_in_32_bits(dev: AMDDevice, mock: MockAMD) -> None:
+    s = dev.new_signal(3, name="s")
+    assert s.compare_bits == 32 and s.value == 3
+    bo = mock.kfd.mapped_bo(s.address, 16)
+    assert bo is not None and bo.kind == "gtt"
+    with pytest.raises(ValueError, match="32 bits"):
+        s.wait(1 << 32, 0.01)
+
+
+def test_wait_and_signal_across_queues_and_timeline(dev: AMDDevice) -> None:
+    gate, done = dev.new_signal(0), dev.new_signal(0)
+    dev.queue().wait(gate, 2).signal(done, 9).submit(dev)
+    time.sleep(0.02)
+    assert done.value == 0  # the CP really waits on memory
+    gate.value = 2
+    done.wait(9, TIMEOUT_S, check=dev.check_fault)
+    values = [dev.timeline_submit()[0] for _ in range(5)]
+    dev.synchronize(TIMEOUT_S)
+    assert dev.timeline_signal.value == values[-1] == dev.timeline_value - 1
+
+
+def test_kernel_runs_with_kernargs_in_the_ring(dev: AMDDevice, mock: MockAMD) -> None:
+    prog = _scale_add(dev)
+    x_np = np.arange(N, dtype=np.int32) - 20
+    x, out = _upload(dev, x_np), _upload(dev, np.zeros(N, np.int32))
+    start, end = dev.new_signal(), dev.new_signal()
+    dev.timeline_submit(lambda q: q.timestamp(start).exec(prog, [out, x], (N, 1, 1)).timestamp(end))
+    np.testing.assert_array_equal(_download(dev, out), 3 * x_np + 1)
+    rec = mock.cp.dispatches[-1]
+    assert rec.executed and rec.kernel == "amd_scale_add"
+    assert dev.pm4_ring_va <= rec.kernarg_va < dev.pm4_ring_va + dev.pm4_ring.capacity * 4
+    assert 0 < start.timestamp <= end.timestamp
+
+
+def test_any_launch_shape_runs_in_the_kernels_block(dev: AMDDevice) -> None:
+    prog = _scale_add(dev)
+    x_np = np.arange(N, dtype=np.int32)
+    x, out = _upload(dev, x_np), _upload(dev, np.zeros(N, np.int32))
+    dev.timeline_submit(lambda q: q.exec(prog, [out, x], (4, 4, 4), (2, 2, 1)))  # 64 threads, 3-D
+    np.testing.assert_array_equal(_download(dev, out), 3 * x_np + 1)
+
+
+def test_compute_queue_copy_and_sdma_copy(dev: AMDDevice) -> None:
+    data = np.arange(N, dtype=np.int32) * 7
+    src = _upload(dev, data)
+    mid, dst = _upload(dev, np.zeros(N, np.int32)), _upload(dev, np.zeros(N, np.int32))
+    dev.timeline_submit(lambda q: q.copy(mid.va_addr + 4, src.va_addr, 4 * (N - 2)))  # the copy kernel
+    got = _download(dev, mid)
+    assert got[0] == 0 and got[-1] == 0 and (got[1:-1] == data[:-2]).all()
+    done = dev.new_signal(0)
+    dev.synchronize()
+    dev.copy_queue().copy(dst.va_addr, mid.va_addr, 4 * N).signal(done, 1).submit(dev)  # SDMA
+    done.wait(1, TIMEOUT_S, check=dev.check_fault)
+    np.testing.assert_array_equal(_download(dev, dst), got)
+    with pytest.raises(TypeError, match="cannot launch kernels"):
+        dev.copy_queue().exec(_scale_add(dev), [dst, src], (N, 1, 1))
+
+
+def test_bound_replay_patches_the_copy(dev: AMDDevice) -> None:
+    src, dst, n = address_var("t.src"), address_var("t.dst"), address_var("t.n")
+    template, programs = build_template(dev, [CopyCommand(dst, src, n)])
+    graph = HCQGraph(dev, template, programs, {})
+    assert template.data_words > 0  # the copy kernel's kernargs travel in the block's data region
+    bufs = [_upload(dev, np.arange(N, dtype=np.int32) + 100 * k) for k in range(3)]
+    outs = [_upload(dev, np.zeros(N, np.int32)) for _ in range(3)]
+    for k, nbytes in ((0, 8), (2, 4 * N), (1, 12)):
+        graph.submit({src: bufs[k].va_addr, dst: outs[k].va_addr, n: nbytes})
+        dev.synchronize(TIMEOUT_S)
+        got = _download(dev, outs[k])
+        want = np.arange(N, dtype=np.int32) + 100 * k
+        assert (got[:nbytes // 4] == want[:nbytes // 4]).all() and not got[nbytes // 4:].any()
+
+
+def test_a_broken_packet_is_a_device_fault(dev: AMDDevice) -> None:
+    q = dev.queue()
+    q._emit(0)  # a type-0 PM4 header
+    dev.timeline_submit(queue=q)
+    with pytest.raises(DeviceFault, match="PM4 header"):
+        dev.synchronize(TIMEOUT_S)
+    with pytest.raises(DeviceFault):
+        dev.timeline_submit()  # a faulted device takes no new work
+
+
+def test_a_wrong_rsrc2_is_caught_by_the_dispatch_validator(dev: AMDDevice) -> None:
+    prog = _scale_add(dev)
+    x, out = _upload(dev, np.zeros(N, np.int32)), _upload(dev, np.zeros(N, np.int32))
+    q = AMDComputeQueue(dev).exec(prog, [out, x], (N, 1, 1))
+    rsrc = pm4.encode_dispatch(prog.co, 0, 0, (1, 1, 1), (1, 1, 1)).patch["rsrc2"]
+    q._words[rsrc] ^= 1 << 7  # flip RSRC2 ENABLE_SGPR_WORKGROUP_ID_X
+    dev.timeline_submit(queue=q)
+    with pytest.raises(DeviceFault, match="COMPUTE_PGM_RSRC2"):
+        dev.synchronize(TIMEOUT_S)
+
+
+def test_a_wait_nobody_signals_times_out_naming_the_device(mock: MockAMD) -> None:
+    dev = AMDDevice("AMD", mock=mock, timeout_s=0.2)
+    try:
+        gate = dev.new_signal(0)
+        value, q = dev.timeline_submit(lambda q: q.wait(gate, 1))
+        with pytest.raises(DeviceTimeout) as info:
+            dev.timeline_signal.wait(value, 0.2, queue=q.name, check=dev.check_fault)
+        assert info.value.device == "AMD" and q.name in str(info.value)
+        gate.value = 1
+        dev.synchronize(TIMEOUT_S)
+    finally:
+        dev.close()
+
+
+def test_small_ring_wraps(mock: MockAMD) -> None:
+    dev = AMDDevice("AMD", mock=mock, ring_bytes=abi.KFD_MIN_QUEUE_RING_SIZE)
+    try:
+        seq = dev.new_signal(0)
+        for i in range(1, 200):
+            dev.timeline_submit(lambda q, i=i: q.wait(seq, i - 1).signal(seq, i))
+        dev.synchronize(TIMEOUT_S)
+        assert seq.value == 199 and dev.pm4_ring.write > 4 * dev.pm4_ring.capacity
+    finally:
+        dev.close()
+    assert not any(mock.leaks().values())
+
+
+def test_registry_needs_amd_mock_or_dev_kfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rawgrad.drivers.amd as amd
+    monkeypatch.delenv("AMD_MOCK", raising=False)
+    monkeypatch.setattr(amd.os.path, "exists", lambda p: False)
+    reg = DeviceRegistry()
+    reg.register("AMD", amd._open, probe=amd._probe)
+    with pytest.raises(DeviceUnavailable, match="/dev/kfd is missing"):
+        reg["AMD"]
+    monkeypatch.setenv("AMD_MOCK", "1")
+    dev = reg["AMD"]
+    try:
+        assert isinstance(dev, AMDDevice) and dev.mock is not None and regs.family(dev.arch).wave_size == 32
+    finally:
+        reg.close_all()
