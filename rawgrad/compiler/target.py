@@ -34,8 +34,8 @@ from rawgrad.dtype import DType, dtypes
 if TYPE_CHECKING:
     from rawgrad.compiler.ir import UOp
 
-__all__ = ["AMD_GFX942", "AMD_GFX1100", "LaunchSpec", "NV_SM80", "NV_SM90", "Processor", "Target",
-           "TensorCoreShape", "host_cpu_target", "host_vector_bits", "nv_target"]
+__all__ = ["AMD_GFX942", "AMD_GFX1100", "APPLE_GPU", "LaunchSpec", "NV_SM80", "NV_SM90", "Processor",
+           "Target", "TensorCoreShape", "host_cpu_target", "host_vector_bits", "nv_target"]
 
 # Lanes are counted in 32-bit elements: a SIMD register of B bits holds B // 32 of them.
 LANE_BITS = 32
@@ -231,6 +231,27 @@ def _amd_target(isa: str, wave: int, tensor_cores: tuple[TensorCoreShape, ...]) 
 
 AMD_GFX1100 = _amd_target("gfx1100", RDNA3_WAVE_SIZE, RDNA3_WMMA_SHAPES)  # RX 7900 XTX, W7900
 AMD_GFX942 = _amd_target("gfx942", CDNA3_WAVE_SIZE, CDNA3_MFMA_SHAPES)  # MI300X / MI300A / MI325X
+
+
+# ---------------------------------------------------------------------------------------------- Apple
+# Metal kernels are MSL source compiled by Apple's compiler (to AIR, whose LLVM triple is air64-apple-*);
+# rawgrad never runs LLVM for them: the triple only names the target.
+APPLE_TRIPLE = "air64-apple-macosx"
+# Apple GPUs run SIMD-groups of 32 threads (MTLComputePipelineState.threadExecutionWidth; Metal feature set
+# tables, Apple7+) and at most 1024 threads per threadgroup (maxTotalThreadsPerThreadgroup).
+APPLE_SIMD_WIDTH = 32
+APPLE_MAX_THREADS_PER_BLOCK = 1024
+# Metal feature set tables, "Maximum total threadgroup memory allocation": 32 KiB on Apple GPUs.
+APPLE_THREADGROUP_BYTES = 32 * 1024
+# MSL scalar and vector types up to 16 bytes (float4, long2) load in one access.
+APPLE_LOAD_BYTES = (1, 2, 4, 8, 16)
+# MSL has no 64-bit float type (MSL specification, "Scalar data types": double is not supported).
+APPLE_DTYPES = frozenset(dt for dt in ALL_DTYPES if dt != dtypes.float64)
+APPLE_GPU = Target(name="apple-gpu", processor=Processor.GPU, isa="apple7", triple=APPLE_TRIPLE,
+                   simd_width=APPLE_SIMD_WIDTH, max_threads_per_block=APPLE_MAX_THREADS_PER_BLOCK,
+                   block_threads=GPU_WARPS_PER_BLOCK * APPLE_SIMD_WIDTH,
+                   shared_memory_bytes=APPLE_THREADGROUP_BYTES, vector_load_bytes=APPLE_LOAD_BYTES,
+                   dtypes=APPLE_DTYPES)  # M1 (Apple7) and newer
 
 
 # -------------------------------------------------------------------------------------- launch contract

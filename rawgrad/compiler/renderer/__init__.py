@@ -30,8 +30,9 @@ class Renderer(Protocol):
 
 
 def renderer_for(target: Target) -> Renderer:
-    """The renderer that writes kernels for `target`: LLVM IR for a CPU, PTX for an NVIDIA GPU."""
-    from rawgrad.compiler.target import AMD_TRIPLE, NV_TRIPLE
+    """The renderer that writes kernels for `target`: LLVM IR for a CPU, PTX for an NVIDIA GPU, LLVM IR
+    for an AMD GPU, MSL source for an Apple GPU."""
+    from rawgrad.compiler.target import AMD_TRIPLE, APPLE_TRIPLE, NV_TRIPLE
     if not target.is_gpu:
         from rawgrad.compiler.renderer.llvm import LLVMRenderer
         return LLVMRenderer(target)
@@ -41,4 +42,7 @@ def renderer_for(target: Target) -> Renderer:
     if target.triple == AMD_TRIPLE:
         from rawgrad.compiler.renderer.amdgpu import AMDGPURenderer
         return AMDGPURenderer(target)
+    if target.triple == APPLE_TRIPLE:
+        from rawgrad.compiler.renderer.msl import MSLRenderer
+        return MSLRenderer(target)
     raise NotImplementedError(f"no renderer writes kernels for {target.name} ({target.triple}) yet")
