@@ -54,19 +54,36 @@ def type_check(sources: dict[str, str]) -> None:
         raise AssertionError(f"the kernels compile one by one but not together:\n{res.stderr}")
 
 
+def _body(source: str) -> str:
+    return source.split("kernel void", 1)[1]
+
+
 def run_on_host(prog: LinearProgram, source: str, buffers: list[np.ndarray], scalars: list[int]) -> None:
     """Run a barrier-free kernel over its whole launch; writes land in `buffers` (numpy arrays, in place)."""
+    local = prog.launch.local_size[0]
+    groups = max(1, math.ceil(prog.launch.global_for_scalars(scalars)[0] / local))
+    words = np.array(scalars or [0], dtype=np.int64)
+    run_source(source, prog.name, [b.ctypes.data for b in buffers], words.ctypes.data if scalars else None,
+               groups, local)
+
+
+def run_source(source: str, name: str, pointers: list[int], vars_ptr: int | None, groups: int,
+               local: int) -> None:
+    """Build `source` with a harness that calls kernel `name` for threadgroups 0..groups-1 and lanes
+    0..local-1, one after another, with buffer k at `pointers[k]` and the scalar words at `vars_ptr`."""
     assert CXX is not None
-    if "threadgroup_barrier(" in source.split("kernel void", 1)[1] or "rg_shfl(" in source.split(
-            "kernel void", 1)[1]:
-        raise ValueError(f"{prog.name} uses barriers or SIMD shuffles: lanes cannot run one after another")
+    if "threadgroup_barrier(" in _body(source) or "rg_shfl(" in _body(source):
+        raise ValueError(f"{name} uses barriers or SIMD shuffles: lanes cannot run one after another")
     sig = re.search(r"kernel void \w+\((.*)\) \{", source)
     assert sig is not None
     types = re.findall(r"device (\w+)\* buf\d+", sig.group(1))
-    local = prog.launch.local_size[0]
-    groups = max(1, math.ceil(prog.launch.global_for_scalars(scalars)[0] / local))
-    call = [f"({t}*)bufs[{k}]" for k, t in enumerate(types)] + (["vars"] if prog.variables else [])
-    launch = f"{prog.name}({', '.join(call + ['g', 'l'])});"
+    if len(types) != len(pointers):
+        raise ValueError(f"{name} takes {len(types)} buffers, the launch binds {len(pointers)}")
+    has_vars = "constant long* vars" in sig.group(1)
+    if has_vars and vars_ptr is None:
+        raise ValueError(f"{name} reads scalar words, the launch binds none")
+    call = [f"({t}*)bufs[{k}]" for k, t in enumerate(types)] + (["vars"] if has_vars else [])
+    launch = f"{name}({', '.join(call + ['g', 'l'])});"
     harness = (f'{source}\nextern "C" void rg_run(void** bufs, const long* vars, unsigned groups) {{\n'
                f"  (void)vars;\n  for (unsigned g = 0; g < groups; g++)\n"
                f"    for (unsigned l = 0; l < {local}u; l++) {launch}\n}}\n")
@@ -80,7 +97,15 @@ def run_on_host(prog: LinearProgram, source: str, buffers: list[np.ndarray], sca
         ffi = cffi.FFI()
         ffi.cdef("void rg_run(void **bufs, const long *vars, unsigned groups);")
         lib = ffi.dlopen(str(lib_path))
-        ptrs = ffi.new("void *[]", [ffi.cast("void *", b.ctypes.data) for b in buffers] or [ffi.NULL])
-        vars_ = ffi.new("long[]", scalars or [0])
-        lib.rg_run(ptrs, vars_, groups)
+        ptrs = ffi.new("void *[]", [ffi.cast("void *", p) for p in pointers] or [ffi.NULL])
+        lib.rg_run(ptrs, ffi.cast("long *", vars_ptr or 0), groups)
         ffi.dlclose(lib)
+
+
+def type_check_one(source: str) -> str | None:
+    """None when `source` compiles through the shim, else the compiler's message (a fake Metal compiler)."""
+    try:
+        type_check({"kernel": source})
+    except AssertionError as e:
+        return str(e)
+    return None
