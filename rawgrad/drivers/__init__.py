@@ -19,7 +19,7 @@ except Exception as e:  # a broken driver must not take the others down
     Device.record_driver_error("NV", e)
 
 try:
-    import rawgrad.drivers.amd  # noqa: F401  (registers AMD once that driver has a device)
+    import rawgrad.drivers.amd  # noqa: F401  (registers AMD)
 except ModuleNotFoundError as e:
     if e.name != "rawgrad.drivers.amd":
         Device.record_driver_error("AMD", e)

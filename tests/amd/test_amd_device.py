@@ -222,3 +222,23 @@ def test_registry_needs_amd_mock_or_dev_kfd(monkeypatch: pytest.MonkeyPatch) -> 
         assert isinstance(dev, AMDDevice) and dev.mock is not None and regs.family(dev.arch).wave_size == 32
     finally:
         reg.close_all()
+
+
+def test_shared_memory_map_needs_writable_contiguous_bytes() -> None:
+    from rawgrad.drivers.amd.mock.rdna3.interp import MemoryMap
+    mem = MemoryMap()
+    backing = np.zeros(64, np.uint8)
+    mem.map(0x1000, backing, share=True)
+    mem.store(np.array([0x1004], np.uint64), np.full((1, 2), 5, np.uint8))
+    assert backing[4:6].tolist() == [5, 5]  # no copy: the store landed in the caller's array
+    for bad in (np.zeros(16, np.int32), np.zeros(32, np.uint8)[::2], np.frombuffer(bytes(16), np.uint8)):
+        with pytest.raises(ValueError, match="writable, contiguous uint8"):
+            mem.map(0x9000, bad, share=True)
+
+
+def test_fma_of_two_scalars_and_a_lane_vector_has_the_lanes_shape() -> None:
+    # found by matrix-vector products on the AMD device: v_fma_f32 with both factors from SGPRs
+    from rawgrad.drivers.amd.mock.rdna3.interp import _fma32
+    a, b = np.full((1, 1), 3, np.float32), np.full((1, 1), 0.5, np.float32)
+    c = np.arange(32, dtype=np.float32).reshape(1, 32)
+    np.testing.assert_array_equal(_fma32(a, b, c), c + np.float32(1.5))

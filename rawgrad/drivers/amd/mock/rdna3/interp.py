@@ -380,7 +380,10 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: Any = np.float32) -
     float64; the sum is computed in float64 rounded to odd (its exact error decides the last bit), which makes
     the final rounding correct (round-to-odd with >= 2 extra bits, Boldo & Melquiond)."""
     p = a.astype(np.float64) * b.astype(np.float64)
-    c64 = np.broadcast_to(c.astype(np.float64), p.shape)
+    # two scalar (SGPR or constant) factors and a per-lane addend: the result has the lanes' shape
+    shape = np.broadcast_shapes(p.shape, np.shape(c))
+    p = np.broadcast_to(p, shape)
+    c64 = np.broadcast_to(c.astype(np.float64), shape)
     with np.errstate(invalid="ignore", over="ignore"):
         s = p + c64
         bb = s - p
