@@ -1,17 +1,24 @@
-// A C++17 stand-in for the parts of the Metal Shading Language that rawgrad's MSL renderer uses, so g++ can
-// type-check every rendered kernel on Linux (and run the barrier-free ones on the host). Apple's compiler
-// is the only real judge of MSL; this shim proves the text is well-formed C++ with the types, conversions
-// and builtins the renderer means. Included through a generated `metal_stdlib` header.
+// A C++ stand-in for the parts of the Metal Shading Language that rawgrad's MSL renderer uses, so g++ can
+// type-check every rendered kernel on Linux (C++17) and run kernels on the host (C++20 with RG_HOST_LANES:
+// every lane of a threadgroup is a thread, so threadgroup_barrier and simd_shuffle_xor really synchronize).
+// Apple's compiler is the only real judge of MSL; this shim proves the text is well-formed C++ with the
+// types, conversions and builtins the renderer means. Included through a generated `metal_stdlib` header.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-// address spaces and the kernel qualifier carry no meaning for a host compiler
+#ifdef RG_HOST_LANES
+#include <barrier>
+#endif
+
+// address spaces and the kernel qualifier carry no meaning for a host compiler, except that threadgroup
+// memory is shared by the lanes of a threadgroup: a function-scope static (the harness runs one threadgroup
+// at a time)
 #define kernel
 #define device
 #define constant const
-#define threadgroup
+#define threadgroup static
 
 typedef unsigned char uchar;
 typedef unsigned short ushort;
@@ -33,10 +40,38 @@ struct uint2 {
 
 namespace metal {
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
-// Declared, never defined: a kernel that needs them type-checks, and cannot be linked for a host run
-// (a host loop over lanes cannot honour a barrier or a cross-lane shuffle).
+#ifdef RG_HOST_LANES
+// What a lane thread knows about its threadgroup (set by the harness before it calls the kernel).
+struct rg_lane {
+  std::barrier<>* block;  // every lane of the threadgroup
+  std::barrier<>* simd;   // the lanes of this lane's SIMD-group
+  uint64_t* exchange;     // one word per lane of the threadgroup, for shuffles
+  unsigned lane, simd_width;
+  unsigned* barriers;     // threadgroup_barrier calls this lane made (a mismatch is a fault)
+};
+inline thread_local rg_lane rg_ctx{};
+inline void threadgroup_barrier(mem_flags) {
+  ++*rg_ctx.barriers;
+  rg_ctx.block->arrive_and_wait();
+}
+template <typename T> T simd_shuffle_xor(T value, ushort mask) {
+  static_assert(sizeof(T) <= 8, "shuffles move at most 64 bits");
+  unsigned first = rg_ctx.lane / rg_ctx.simd_width * rg_ctx.simd_width, in_simd = rg_ctx.lane - first;
+  uint64_t word = 0;
+  std::memcpy(&word, &value, sizeof(T));
+  rg_ctx.exchange[rg_ctx.lane] = word;
+  rg_ctx.simd->arrive_and_wait();  // every lane has written
+  uint64_t other = rg_ctx.exchange[first + (in_simd ^ mask)];
+  rg_ctx.simd->arrive_and_wait();  // every lane has read before the next shuffle writes
+  T out;
+  std::memcpy(&out, &other, sizeof(T));
+  return out;
+}
+#else
+// Declared only: enough to type-check a kernel.
 void threadgroup_barrier(mem_flags flags);
 template <typename T> T simd_shuffle_xor(T value, ushort mask);
+#endif
 
 template <typename T, typename U> inline T as_type(U u) {
   static_assert(sizeof(T) == sizeof(U), "as_type needs types of one size");

@@ -1,6 +1,6 @@
 """The MSL renderer (compiler/renderer/msl.py): a representative set of tensor ops renders for the Apple GPU
-target, every kernel type-checks as C++ through the Metal shim header, and barrier-free kernels run on the
-host through the same shim with the CPU device's results."""
+target, every kernel type-checks as C++ through the Metal shim header, and kernels run on the host through
+the same shim (reductions with lanes as threads) with the CPU device's results."""
 from __future__ import annotations
 
 import re
@@ -15,7 +15,7 @@ from rawgrad.compiler.target import APPLE_GPU, NV_SM90
 from rawgrad.tensor.buffers import buffer_numpy
 from rawgrad.tensor.schedule import create_schedule
 
-from .msl_host import CXX, run_on_host, type_check
+from .msl_host import CXX, run_on_host, run_source, type_check
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no g++ or clang++ on this machine to check MSL with")
 
@@ -104,7 +104,8 @@ def test_group_reductions_use_simd_shuffles_and_barriers(kernels: dict[str, str]
     barriered = [n for n, s in kernels.items() if "threadgroup_barrier(mem_flags::mem_threadgroup);" in s]
     assert shuffled and barriered and set(barriered) <= set(shuffled)
     for n in barriered:  # one slot per SIMD-group of a 128-thread block, between two barriers
-        assert kernels[n].count("threadgroup_barrier(") == 2 and "threadgroup long rg_group[4];" in kernels[n]
+        assert kernels[n].count("threadgroup_barrier(") == 2
+        assert re.search(r"threadgroup (float|int|long|uint|bool) rg_group\d+\[4\];", kernels[n])
         assert "if ((lid & 127u) == 0u) buf0[" in kernels[n]
 
 
@@ -195,3 +196,51 @@ def test_barrier_free_kernels_run_on_the_host_like_the_cpu_device(case: str) -> 
         assert err.max() <= ulps, f"{case}: {err.max()} ulp"
     else:
         np.testing.assert_array_equal(got, expect)
+
+
+# group reductions: every lane a thread, shuffles and barriers synchronize; the butterfly adds in another
+# order than the CPU's loop, so float sums agree to rounding, integer ones exactly
+def _normal(seed: int, shape: tuple[int, ...]) -> Tensor:
+    return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+REDUCE_CASES = {
+    "simd_group_sum": (lambda: _normal(1, (8, 64)), lambda x: x.sum(1), 32),
+    "block_group_sum": (lambda: _normal(2, (2, 4096)), lambda x: x.sum(1), 128),
+    "simd_group_int_max": (lambda: Tensor(np.random.default_rng(3).integers(-1000, 1000, (4, 64), np.int32)),
+                           lambda x: x.max(axis=1), 32),
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", sorted(REDUCE_CASES))
+def test_group_reductions_run_with_lanes_as_threads(case: str) -> None:
+    make, op, group = REDUCE_CASES[case]
+    x = make().realize()
+    t = op(x)
+    si = _single_kernel(t)
+    r = MSLRenderer()
+    prog = r.lower(si.ast, f"red_{case}")
+    assert prog.group_size == group
+    src = r.render(prog)
+    assert "rg_shfl(" in src and (("threadgroup_barrier(" in src) == (group > APPLE_GPU.simd_width))
+    out = np.zeros(si.bufs[0].arg[1], dtype=si.bufs[0].dtype.np)
+    run_on_host(prog, src, [out] + [buffer_numpy(b) for b in si.bufs[1:]],
+                [int(si.var_vals[v]) for v in prog.variables])
+    expect = t.numpy().reshape(-1)
+    if out.dtype.kind == "f":
+        np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-4)
+    else:
+        np.testing.assert_array_equal(out, expect)
+
+
+@needs_cxx
+def test_barrier_mismatch_is_caught() -> None:
+    """A barrier only some lanes reach (undefined on a GPU: a hang or a race) fails the host run."""
+    src = ("#include <metal_stdlib>\nusing namespace metal;\n"
+           "kernel void uneven(device float* buf0 [[buffer(0)]], uint gid [[threadgroup_position_in_grid]], "
+           "uint lid [[thread_position_in_threadgroup]]) {\n"
+           "  if (lid < 3u) threadgroup_barrier(mem_flags::mem_threadgroup);\n  buf0[lid] = 1.0f;\n}\n")
+    out = np.zeros(8, np.float32)
+    with pytest.raises(AssertionError, match="barrier mismatch in threadgroup 0: lane 3"):
+        run_source(src, "uneven", [out.ctypes.data], None, 1, 8)

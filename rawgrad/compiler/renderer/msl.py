@@ -15,7 +15,7 @@ launch's local size (a constant in the code); threads at or past the global size
 reductions: the lanes of one SIMD-group (the target's `simd_width`, 32 on Apple GPUs) combine their
 accumulators with a butterfly of `simd_shuffle_xor`, so every lane holds the same bits in the same order
 as on the other GPUs (`simd_sum` would leave the order, hence the rounding, to the compiler); a
-group of a whole threadgroup then meets in a `threadgroup` array of one 8-byte slot per SIMD-group between
+group of a whole threadgroup then meets in a `threadgroup` array of one slot per SIMD-group between
 two `threadgroup_barrier(mem_flags::mem_threadgroup)`, and lane 0 of the group stores.
 
 Types: MSL has no double, so float64 kernels are refused (the Apple target does not list it). float16 and
@@ -203,8 +203,6 @@ class _Emitter:
         for k, v in enumerate(p.variables):  # named by position: a Variable's own name may hold dots
             self.scopes[0][v] = f"var{k}"
             self.emit(f"const long var{k} = {VARS_NAME}[{k}];  // {v.arg[0]}")
-        if self.group_slots:
-            self.emit(f"threadgroup long {GROUP_NAME}[{self.group_slots}];")
         for st in p.statements:
             self.statement(st)
         head = ["#include <metal_stdlib>", "using namespace metal;", "", _HELPERS,
@@ -276,11 +274,16 @@ class _Emitter:
             self.emit(f"{name} = {self.alu(rop, dt, (acc, acc), [name, other])};")
             mask //= 2
         if group > self.simd:
-            slots = f"((threadgroup {t}*){GROUP_NAME})"
+            # MSL allows threadgroup variables only at kernel function scope: the combine follows the loops
+            if self.depth != 1:
+                raise ValueError(f"MSL renderer: {self.prog.name} combines a group inside a loop")
+            # one array of the accumulator's type (<= GROUP_SLOT_BYTES per slot: within the launch's
+            # shared_bytes); a kernel has one reduce, hence one combine
+            slots = f"{GROUP_NAME}{acc.arg}"
+            self.emit(f"threadgroup {t} {slots}[{self.group_slots}];")
             shift = self.simd.bit_length() - 1
             self.emit(f"if ((lid & {self.simd - 1}u) == 0u) {slots}[lid >> {shift}] = {name};")
             self.emit("threadgroup_barrier(mem_flags::mem_threadgroup);")
-            # slot k of type t sits at k * sizeof(t) <= k * GROUP_SLOT_BYTES, inside the declared array
             self.emit(f"{name} = {slots}[0];")
             for k in range(1, self.group_slots):
                 other = self.tmp(t, f"{slots}[{k}]")
