@@ -242,3 +242,20 @@ def test_fma_of_two_scalars_and_a_lane_vector_has_the_lanes_shape() -> None:
     a, b = np.full((1, 1), 3, np.float32), np.full((1, 1), 0.5, np.float32)
     c = np.arange(32, dtype=np.float32).reshape(1, 32)
     np.testing.assert_array_equal(_fma32(a, b, c), c + np.float32(1.5))
+
+
+def test_ring_padding_longer_than_one_nop_packet(mock: MockAMD) -> None:
+    # a big ring's tail can be longer than one PM4 NOP (16383 dwords): the padding is several packets
+    dev = AMDDevice("AMD", mock=mock, ring_bytes=128 << 10)
+    try:
+        ring, n = dev.pm4_ring, regs.PACKET3_MAX_PAYLOAD + 5
+        dev.synchronize()
+        pos = ring.write
+        dev._pad_pm4(ring.reserve(n), n)
+        dev.pm4_publish(ring.commit(n))
+        done = dev.new_signal(0)
+        dev.queue().signal(done, 1).submit(dev)
+        done.wait(1, TIMEOUT_S, check=dev.check_fault)
+        assert ring.retired() > pos + n
+    finally:
+        dev.close()

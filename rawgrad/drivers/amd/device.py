@@ -270,10 +270,18 @@ class AMDDevice(HCQDevice):
         self.sdma_ring = Ring("SDMA ring", ring_bytes, BYTES, sdma_rptr, pad=self._pad_sdma, **common)
 
     def _pad_pm4(self, slot: int, n: int) -> None:
-        self.pm4_words[slot:slot + n] = np.asarray(pm4.nop(n), np.uint32)
+        # NOP packets the CP reads past (each at most a header + PACKET3_MAX_PAYLOAD dwords)
+        while n:
+            k = min(n, regs.PACKET3_MAX_PAYLOAD)
+            self.pm4_words[slot:slot + k] = np.asarray(pm4.nop(k), np.uint32)
+            slot, n = slot + k, n - k
 
     def _pad_sdma(self, slot: int, n: int) -> None:
-        self.sdma_words[slot // 4:(slot + n) // 4] = np.asarray(sdma.nop(n // 4), np.uint32)
+        dword, left = slot // 4, n // 4  # SDMA spans are whole dwords (reserved 4-byte aligned)
+        while left:
+            k = min(left, regs.SDMA_NOP_COUNT_MASK + 1)
+            self.sdma_words[dword:dword + k] = np.asarray(sdma.nop(k), np.uint32)
+            dword, left = dword + k, left - k
 
     # -- memory -------------------------------------------------------------------------------------------
     def alloc_memory(self, nbytes: int, kind: str, *, executable: bool = False) -> AMDBuffer:
