@@ -189,6 +189,8 @@ def test_a_wait_nobody_signals_times_out_naming_the_device(mock: MockAMD) -> Non
         with pytest.raises(DeviceTimeout) as info:
             dev.timeline_signal.wait(value, 0.2, queue=q.name, check=dev.check_fault)
         assert info.value.device == "AMD" and q.name in str(info.value)
+        with pytest.raises(DeviceTimeout, match=r"synchronize.*PM4 ring: read \d+ of \d+ dwords.*blocked"):
+            dev.synchronize(0.1)  # says where the rings stand and what the CP waits on
         gate.value = 1
         dev.synchronize(TIMEOUT_S)
     finally:

@@ -37,7 +37,7 @@ from rawgrad.drivers.amd.queues import GPU_VA_LIMIT, AMDComputeQueue, AMDCopyQue
 from rawgrad.drivers.amd.topology import KFD_PATH, AMDNode, discover
 from rawgrad.hcq.allocator import Allocator, HCQBuffer
 from rawgrad.hcq.device import HCQDevice
-from rawgrad.hcq.errors import DeviceFault
+from rawgrad.hcq.errors import DeviceFault, DeviceTimeout
 from rawgrad.hcq.memory import ffi
 from rawgrad.hcq.program import KernelLaunch, Program
 from rawgrad.hcq.queue import Value
@@ -442,7 +442,11 @@ class AMDDevice(HCQDevice):
         return where
 
     def synchronize(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        super().synchronize(timeout_s)
+        try:
+            super().synchronize(timeout_s)
+        except DeviceTimeout as e:  # say where the rings and the CP stand
+            raise DeviceTimeout(e.device, e.queue, e.signal, e.expected, e.current, e.timeout_s,
+                                self.progress_report()) from None
         self.reap()
 
     def close(self) -> None:
