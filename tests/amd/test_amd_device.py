@@ -261,3 +261,22 @@ def test_ring_padding_longer_than_one_nop_packet(mock: MockAMD) -> None:
         assert ring.retired() > pos + n
     finally:
         dev.close()
+
+
+def test_gfx942_runs_at_packet_level() -> None:
+    # MI300X (CPX partition) profile: wave64 code, the gfx9 ACQUIRE_MEM dialect; the CP validates and records
+    # each dispatch without executing gfx942 machine code (labelled packet level only)
+    from rawgrad.drivers.amd.mock.kfd import GFX942
+    mock = MockAMD(GFX942, execute=False)
+    dev = AMDDevice("AMD", mock=mock)
+    try:
+        assert (dev.arch, dev.fam.wave_size) == ("gfx942", 64)
+        s = dev.new_signal(0)
+        a, b = dev.allocator.alloc(256), dev.allocator.alloc(256)
+        dev.timeline_submit(lambda q: q.copy(b.va_addr, a.va_addr, 256).memory_barrier().signal(s, 4))
+        dev.synchronize(TIMEOUT_S)
+        rec = mock.cp.dispatches[-1]
+        assert s.value == 4 and rec.kernel == "rawgrad_amd_copy" and not rec.executed
+    finally:
+        dev.close()
+    assert not any(mock.leaks().values())
