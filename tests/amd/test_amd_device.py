@@ -280,3 +280,16 @@ def test_gfx942_runs_at_packet_level() -> None:
     finally:
         dev.close()
     assert not any(mock.leaks().values())
+
+
+def test_an_unmapped_kernarg_pointer_is_caught_by_the_dispatch_validator(dev: AMDDevice) -> None:
+    prog = _scale_add(dev)
+    x, out = _upload(dev, np.zeros(N, np.int32)), _upload(dev, np.zeros(N, np.int32))
+    q = AMDComputeQueue(dev).exec(prog, [out, x], (N, 1, 1))
+    at = pm4.encode_dispatch(prog.co, 0, 0, (1, 1, 1), (1, 1, 1)).kernarg_lo  # the exec is the queue's start
+    keep = [p for p in q._patches if p.index not in (at, at + 1)]  # drop the DATA_BASE relocation ...
+    q._replace_patches(keep, [None] * len(keep))
+    q._words[at], q._words[at + 1] = 0x1000, 0  # ... and point the kernel at a page nothing maps
+    dev.timeline_submit(queue=q)
+    with pytest.raises(DeviceFault, match="kernarg pointer"):
+        dev.synchronize(TIMEOUT_S)
