@@ -293,3 +293,16 @@ def test_an_unmapped_kernarg_pointer_is_caught_by_the_dispatch_validator(dev: AM
     dev.timeline_submit(queue=q)
     with pytest.raises(DeviceFault, match="kernarg pointer"):
         dev.synchronize(TIMEOUT_S)
+
+
+def test_mock_waits_for_the_default_timeout_last_longer(dev: AMDDevice,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import rawgrad.hcq.signal as signal_module
+    from rawgrad.drivers.amd.device import MOCK_TIMEOUT_SCALE
+    from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S
+    seen: list[float] = []
+    monkeypatch.setattr(signal_module, "wait_until", lambda ready, timeout_s, *a, **k: seen.append(timeout_s))
+    s = dev.new_signal(0)
+    s.wait(1)  # the interpreter is slow: the library default is scaled on the mock ...
+    s.wait(1, 0.5)  # ... an explicit timeout is kept
+    assert seen == [DEFAULT_TIMEOUT_S * MOCK_TIMEOUT_SCALE, 0.5]

@@ -96,6 +96,20 @@ declare i32 @llvm.amdgcn.workitem.id.x()
 attributes #0 = {{ nounwind "amdgpu-flat-work-group-size"="1,{COPY_BLOCK}" }}
 """
 TARGETS = {"gfx1100": AMD_GFX1100, "gfx942": AMD_GFX942}
+# The mock runs kernels on the RDNA3 interpreter, thousands of times slower than hardware: a wait for the
+# default timeout (DEFAULT_TIMEOUT_S) lasts this many times longer there, as on the NV mock. A timeout given
+# explicitly is kept as it is, and real hardware never scales.
+MOCK_TIMEOUT_SCALE = 20.0
+
+
+class _MockSignal(Signal):
+    """A signal of the mock GPU: a wait for the library's default timeout lasts MOCK_TIMEOUT_SCALE longer."""
+
+    def wait(self, value: int, timeout_s: float = DEFAULT_TIMEOUT_S, *, queue: str = "host",
+             check: Callable[[], None] | None = None) -> None:
+        if timeout_s == DEFAULT_TIMEOUT_S:
+            timeout_s *= MOCK_TIMEOUT_SCALE
+        super().wait(value, timeout_s, queue=queue, check=check)
 
 
 def _round_up(n: int, a: int) -> int:
@@ -376,7 +390,8 @@ class AMDDevice(HCQDevice):
             if not self._signal_free:
                 self._signal_pool()
             addr = self._signal_free.pop()
-        sig = Signal(value, address=addr, owner=getattr(self, "name", "AMD"), name=name, compare_bits=32)
+        kind = _MockSignal if self.mock is not None else Signal
+        sig = kind(value, address=addr, owner=self.name, name=name, compare_bits=32)
         weakref.finalize(sig, self._free_signal, addr)
         return sig
 
@@ -600,7 +615,7 @@ def open_device(name: str, mock: bool = False) -> AMDDevice:
         return AMDDevice(name, osapi.LibcOS(), index=index)
     m = MockAMD()
     try:
-        return AMDDevice(name, mock=m)
+        return AMDDevice(name, mock=m, timeout_s=DEFAULT_TIMEOUT_S * MOCK_TIMEOUT_SCALE)
     except BaseException:
         m.shutdown()
         raise
