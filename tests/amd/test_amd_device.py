@@ -306,3 +306,22 @@ def test_mock_waits_for_the_default_timeout_last_longer(dev: AMDDevice,
     s.wait(1)  # the interpreter is slow: the library default is scaled on the mock ...
     s.wait(1, 0.5)  # ... an explicit timeout is kept
     assert seen == [DEFAULT_TIMEOUT_S * MOCK_TIMEOUT_SCALE, 0.5]
+
+
+def test_a_kfd_memory_fault_event_is_a_device_fault(dev: AMDDevice, mock: MockAMD) -> None:
+    # how real hardware reports a bad address: KFD signals the MEMORY event (here injected into the mock)
+    assert mock.kfd.calls.count("CREATE_EVENT") == 2
+    dev.check_fault()
+    mock.kfd.inject_memory_fault(0xDEAD000, write=True)
+    time.sleep(0.002)  # past the poll interval
+    with pytest.raises(DeviceFault, match="GPU memory fault at VA 0xdead000"):
+        dev.check_fault()
+    with pytest.raises(DeviceFault, match="0xdead000"):
+        dev.timeline_submit()  # and it stays faulted
+
+
+def test_a_kfd_hw_exception_is_a_device_fault(dev: AMDDevice, mock: MockAMD) -> None:
+    mock.kfd.inject_hw_exception()
+    time.sleep(0.002)
+    with pytest.raises(DeviceFault, match="hardware exception"):
+        dev.synchronize(TIMEOUT_S)

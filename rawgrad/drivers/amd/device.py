@@ -18,6 +18,7 @@ queue and surfaces as `hcq.DeviceFault` from `check_fault`.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -62,6 +63,8 @@ DEFAULT_RING_BYTES = 64 << 10
 # The EOP buffer a PM4 compute queue needs (its node's eop size; 4 KiB on gfx11 / gfx942 per the mock
 # profiles, which follow kfd_queue.c's checks).
 EOP_BUFFER_BYTES = 0x1000
+# How often check_fault asks KFD (WAIT_EVENTS, no wait) whether a memory-fault or HW-exception event fired.
+FAULT_POLL_S = 0.001
 # Signal slots come in GTT pages of this many bytes.
 SIGNAL_POOL_BYTES = 16 * PAGE
 # Same-device copies on the compute queue: a kernel moving one byte per work-item, in blocks of this many
@@ -200,6 +203,10 @@ class AMDDevice(HCQDevice):
         self._deferred: deque[tuple[Callable[[], bool], AMDBuffer]] = deque()
         self._signal_free: list[int] = []
         self._queue_ids: list[int] = []
+        self._event_ids: list[int] = []
+        self._memory_event = 0
+        self._last_fault_poll = 0.0
+        self._kfd_fault: str | None = None
         self._fds: list[int] = []
         self._va_base = 0
         self._doorbells = 0
@@ -250,6 +257,7 @@ class AMDDevice(HCQDevice):
             raise OSError(f"the VA reservation at {self._va_base:#x} is beyond the GPUVM aperture")
         self.va = VARangeAllocator(self._va_base, VA_BYTES, PAGE)
         self._signal_pool()
+        self._fault_events()
         # queue control words: PM4 rptr/wptr, SDMA rptr/wptr (64-bit each)
         self.ctl = self.alloc_memory(PAGE, "gtt")
         ctl_words = ffi.cast("volatile uint64_t *", self.ctl.va)
@@ -379,6 +387,32 @@ class AMDDevice(HCQDevice):
                     self._deferred.append((ready, buf))
         return freed
 
+    # -- faults -------------------------------------------------------------------------------------------
+    def _fault_events(self) -> None:
+        """KFD reports GPU page faults and hangs/resets through MEMORY and HW_EXCEPTION events; the first
+        event of the process brings the event page (a GTT allocation the KFD process keeps until it ends, so
+        it is not in `_buffers`: FREE_MEMORY_OF_GPU refuses it)."""
+        page = self.alloc_memory(abi.EVENT_PAGE_BYTES, "gtt")
+        del self._buffers[page.va]
+        mem = abi.decode_event(self._ioctl(abi.create_event(abi.KFD_IOC_EVENT_MEMORY,
+                                                             event_page_handle=page.handle)))
+        self._event_ids.append(mem.event_id)
+        self._memory_event = mem.event_id
+        hw = abi.decode_event(self._ioctl(abi.create_event(abi.KFD_IOC_EVENT_HW_EXCEPTION)))
+        self._event_ids.append(hw.event_id)
+
+    def _poll_fault_events(self) -> None:
+        """WAIT_EVENTS with no wait on the fault events, at most every FAULT_POLL_S (each is an ioctl)."""
+        now = time.monotonic()
+        if not self._event_ids or now - self._last_fault_poll < FAULT_POLL_S:
+            return
+        self._last_fault_poll = now
+        call = self._ioctl(abi.wait_events(self._event_ids, abi.KFD_EVENT_TIMEOUT_IMMEDIATE))
+        got = abi.decode_wait(call, [self._memory_event])
+        if got.completed:
+            self._kfd_fault = "; ".join(str(f) for f in got.faults) or \
+                "KFD signalled a hardware exception (GPU hang or reset)"
+
     # -- signals ------------------------------------------------------------------------------------------
     def _signal_pool(self) -> None:
         pool = self.alloc_memory(SIGNAL_POOL_BYTES, "gtt")
@@ -448,6 +482,10 @@ class AMDDevice(HCQDevice):
             raise DeviceFault(f"{self.name} is closed")
         if self.mock is not None and self.mock.fault is not None:
             raise DeviceFault(f"{self.name}: GPU fault (mock command processor): {self.mock.fault}")
+        if self._kfd_fault is None:
+            self._poll_fault_events()
+        if self._kfd_fault is not None:
+            raise DeviceFault(f"{self.name}: {self._kfd_fault}")
 
     def progress_report(self) -> str:
         where = (f"PM4 ring: read {self.pm4_ring.retired()} of {self.pm4_ring.write} dwords; SDMA ring: read "
@@ -485,6 +523,12 @@ class AMDDevice(HCQDevice):
             except OSError:
                 pass
         self._queue_ids.clear()
+        for eid in self._event_ids:
+            try:
+                self._ioctl(abi.destroy_event(eid))
+            except OSError:
+                pass
+        self._event_ids.clear()
         for buf in list(self._buffers.values()):
             try:
                 self._release(buf)
