@@ -78,8 +78,6 @@ CASES = {
     "pow_through_f64": (lambda x, y: x.abs().pow(y), (A, B), 1e-6, 1),
     "f64_log2": (lambda x: x.abs().log2(), (A.astype(np.float64),), 1e-15, 1),
 }
-# cases whose code the interpreter cannot run yet (instruction missing from its table)
-PENDING: dict[str, tuple] = {}  # type: ignore[type-arg]
 
 
 def _check(case: tuple) -> None:  # type: ignore[type-arg]
@@ -92,10 +90,3 @@ def _check(case: tuple) -> None:  # type: ignore[type-arg]
 @pytest.mark.parametrize("name", list(CASES))
 def test_rendered_kernel_runs_on_rdna3(name: str) -> None:
     _check(CASES[name])
-
-
-@pytest.mark.parametrize("name", list(PENDING))
-@pytest.mark.xfail(raises=interp.MockUnsupported, strict=True,
-                   reason="an instruction of this kernel is not in the interpreter yet")
-def test_rendered_kernel_waiting_for_the_interpreter(name: str) -> None:
-    _check(PENDING[name])
