@@ -64,6 +64,14 @@ def renderer_ops():  # type: ignore[no-untyped-def]
     yield a.cast(dtypes.bfloat16) * 2  # bfloat16: rounded and widened through 32-bit integer ops
     Tensor.manual_seed(18)
     yield Tensor.rand(8, 64)  # threefry: 32-bit multiplies, rotates and xors
+    from rawgrad import Variable
+    n = Variable("optable.n", 1, 256)
+    # bounds from a kernel argument: an elementwise launch of n threads (an i64 compare against the argument)
+    # and reductions over n elements
+    yield Tensor(np.arange(256, dtype=np.int32)).shrink(((0, n.bind(77)),)) * 3 + 1
+    yield Tensor(rng.standard_normal(256).astype(np.float32)).shrink(((0, n.bind(200)),)).sum()
+    rows = Tensor(rng.standard_normal((8, 256)).astype(np.float32))
+    yield (rows.shrink(((0, 8), (0, n.bind(77)))) * 3).sum(1)
     d = a.cast(dtypes.float64)
     yield d.exp()
     yield d.sqrt()
