@@ -49,6 +49,9 @@ class HWQueue:
     """
 
     WORD_BITS = 64
+    # Variables the queue resolves itself when a template is laid out (`_load_layout`), e.g. where its data
+    # region lands: a saved graph may use them although they are neither relocations nor arguments
+    LAYOUT_VARIABLES: tuple[UOp, ...] = ()
 
     def __init__(self) -> None:
         self._words: list[int] = []

@@ -60,7 +60,7 @@ from rawgrad.fileio import UnsafeFileError, atomic_write, open_regular_readonly,
 from rawgrad.hcq.device import Device, HCQDevice
 from rawgrad.hcq.graph import TIMELINE_ADDRESS, TIMELINE_SIGNAL, TIMELINE_WAIT, QueueTemplate, address_var
 from rawgrad.hcq.patch import sym_eval
-from rawgrad.hcq.queue import PatchPoint
+from rawgrad.hcq.queue import HWQueue, PatchPoint
 from rawgrad.jit.capture import CapturedGraph, DeviceGraph, JitError, TensorGuard
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy
 
@@ -809,11 +809,15 @@ class _Validator:
 
 
 def _queue_variables(queue_kind: str) -> tuple[UOp, ...]:
-    """Variables a driver's queue resolves itself when a template is laid out (`HWQueue._load_layout`):
-    NV's compute queue places its data region at `DATA_BASE`."""
-    if queue_kind == "NVComputeQueue":
-        from rawgrad.drivers.nv.hcq import DATA_BASE
-        return (DATA_BASE,)
+    """Variables the named queue class resolves itself when a template is laid out (its
+    `HWQueue.LAYOUT_VARIABLES`: NV's and AMD's compute queues place their data region at a `DATA_BASE`)."""
+    pending, seen = [HWQueue], set()
+    while pending:
+        cls = pending.pop()
+        if cls.__name__ == queue_kind:
+            return cls.LAYOUT_VARIABLES
+        seen.add(cls)
+        pending.extend(c for c in cls.__subclasses__() if c not in seen)
     return ()
 
 

@@ -84,6 +84,8 @@ class _AMDQueue(HWQueue):
 class AMDComputeQueue(_AMDQueue):
     """HCQ commands for the PM4 compute queue (see the module docstring)."""
 
+    LAYOUT_VARIABLES = (DATA_BASE,)
+
     def __init__(self, device: AMDDevice) -> None:
         super().__init__(device)
         self._data: list[DataWord] = []

@@ -286,6 +286,8 @@ def _free_block(dev_ref: weakref.ref[NVHCQDevice], buf: NVBuffer, ch: Channel, r
 class NVComputeQueue(_NVQueue):
     """HCQ commands for the compute channel (kernels, host semaphores, barriers)."""
 
+    LAYOUT_VARIABLES = (DATA_BASE,)
+
     def __init__(self, device: NVHCQDevice) -> None:
         super().__init__(device)
         self._tail: tuple[QMD, int] | None = None  # open chain: the last QMD and its offset in the data
