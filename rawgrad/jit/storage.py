@@ -60,7 +60,7 @@ from rawgrad.fileio import UnsafeFileError, atomic_write, open_regular_readonly,
 from rawgrad.hcq.device import Device, HCQDevice
 from rawgrad.hcq.graph import TIMELINE_ADDRESS, TIMELINE_SIGNAL, TIMELINE_WAIT, QueueTemplate, address_var
 from rawgrad.hcq.patch import sym_eval
-from rawgrad.hcq.queue import HWQueue, PatchPoint
+from rawgrad.hcq.queue import PatchPoint
 from rawgrad.jit.capture import CapturedGraph, DeviceGraph, JitError, TensorGuard
 from rawgrad.tensor.buffers import buffer_from_numpy, buffer_numpy
 
@@ -629,9 +629,14 @@ class _Validator:
                              self.blob(ref, f"{w}.programs[{k}][1]")))
 
         # the variables this device's queue may read: its own relocations, the per-call values of the
-        # inputs/outputs/buffers that live on it, the timeline, and the function's Variables
+        # inputs/outputs/buffers that live on it, the timeline, the function's Variables, and what the live
+        # device's queue class lays out itself (if it is the class the graph was encoded for; if not, the
+        # graph is refused when it is instantiated)
+        dev = self.target(label, d, w)
+        queue_class = type(dev.queue())
+        laid_out = queue_class.LAYOUT_VARIABLES if queue_class.__name__ == d["queue_kind"] else ()
         allowed: dict[str, UOp] = {v.arg[0]: v for v in (TIMELINE_ADDRESS, TIMELINE_WAIT, TIMELINE_SIGNAL,
-                                                          *_queue_variables(d["queue_kind"]))}
+                                                          *laid_out)}
         arena = address_var(f"reloc.arena{i}")
         tables: dict[str, tuple[int, Callable[[int], str]]] = {
             "reloc.program": (len(programs), lambda k: label),
@@ -687,7 +692,7 @@ class _Validator:
             self.cpu_records(words, patches, data_words, len(programs), w)
         template = QueueTemplate(d["queue_kind"], word_bits, words, patches, [n for n, _ in programs],
                                  data_words=data_words)
-        return {"device": label, "dev": self.target(label, d, w), "template": template, "programs": programs,
+        return {"device": label, "dev": dev, "template": template, "programs": programs,
                 "arena_bytes": arena_bytes, "externals_used": externals_used}
 
     def cpu_records(self, words: np.ndarray, patches: list[PatchPoint], data_words: int, n_programs: int,
@@ -806,19 +811,6 @@ class _Validator:
             if len(fixed) == len(shape) and math.prod(fixed) > elements:
                 self.fail(f"{where}[1][2]", f"shape {shape} needs more than the {elements} elements of its "
                                             f"buffer")
-
-
-def _queue_variables(queue_kind: str) -> tuple[UOp, ...]:
-    """Variables the named queue class resolves itself when a template is laid out (its
-    `HWQueue.LAYOUT_VARIABLES`: NV's and AMD's compute queues place their data region at a `DATA_BASE`)."""
-    pending, seen = [HWQueue], set()
-    while pending:
-        cls = pending.pop()
-        if cls.__name__ == queue_kind:
-            return cls.LAYOUT_VARIABLES
-        seen.add(cls)
-        pending.extend(c for c in cls.__subclasses__() if c not in seen)
-    return ()
 
 
 def _nonzero(divisor: UOp) -> bool:
