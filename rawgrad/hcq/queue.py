@@ -110,6 +110,26 @@ class HWQueue:
         self._last.append(None)
         self._plan = self._writer = None
 
+    def _fold_variable(self, var: UOp, value: int) -> None:
+        """Resolve `var` for good (a driver's layout variable once its bound block is placed, e.g. a data
+        region's base): a patch point over `var` alone becomes a constant word now, one over `var` and others
+        keeps only the others, so a replay evaluates only what really changes."""
+        const = UOp.const(var.dt, value)
+        mask = (1 << self.WORD_BITS) - 1
+        patches: list[PatchPoint] = []
+        last: list[int | None] = []
+        for p, prev in zip(self._patches, self._last, strict=True):
+            variables = p.expr.variables()
+            if var not in variables:
+                patches.append(p)
+                last.append(prev)
+            elif variables == [var]:
+                self._set_word(p.index, (sym_eval(p.expr, {var: value}) >> p.shift) & mask)
+            else:
+                patches.append(PatchPoint(p.index, p.expr.substitute({var: const}), p.shift))
+                last.append(None)
+        self._replace_patches(patches, last)
+
     def _replace_patches(self, patches: list[PatchPoint], last: list[int | None]) -> None:
         """For drivers that resolve some patch points for good (e.g. once a queue's address is fixed)."""
         self._patches, self._last, self._plan, self._writer = patches, last, None, None

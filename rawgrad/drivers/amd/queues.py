@@ -29,7 +29,7 @@ from rawgrad.drivers.amd.regs import DataSel
 from rawgrad.hcq.device import HCQDevice
 from rawgrad.hcq.memory import ffi
 from rawgrad.hcq.program import Program
-from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
+from rawgrad.hcq.queue import HWQueue, PatchPoint, Value
 from rawgrad.hcq.signal import Signal
 
 if TYPE_CHECKING:
@@ -244,24 +244,7 @@ class AMDComputeQueue(_AMDQueue):
         self._bound_words = ffi.cast("uint32_t *", buf.va)
         self._block = buf
         weakref.finalize(self, dev.free_after_ring, buf, self._retire)
-        self._fold_data_base(buf.va + DWORD * self._data_at)
-
-    def _fold_data_base(self, data_base: int) -> None:
-        """A bound block never moves: resolve the DATA_BASE patch points (kernarg pointers) now."""
-        const = UOp.const(DATA_BASE.dt, data_base)
-        patches: list[PatchPoint] = []
-        last: list[int | None] = []
-        for p, prev in zip(self._patches, self._last, strict=True):
-            variables = p.expr.variables()
-            if DATA_BASE not in variables:
-                patches.append(p)
-                last.append(prev)
-            elif variables == [DATA_BASE]:
-                self._set_word(p.index, (sym_eval(p.expr, {DATA_BASE: data_base}) >> p.shift) & DWORD_MASK)
-            else:
-                patches.append(PatchPoint(p.index, p.expr.substitute({DATA_BASE: const}), p.shift))
-                last.append(None)
-        self._replace_patches(patches, last)
+        self._fold_variable(DATA_BASE, buf.va + DWORD * self._data_at)  # a bound block never moves
 
     def _before_patch(self, device: HCQDevice) -> None:
         if self._block is not None:  # rewritten in place: its previous run must be done with the words

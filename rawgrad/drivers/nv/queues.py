@@ -33,7 +33,7 @@ from rawgrad.drivers.nv.qmd import QMD, sym_bits
 from rawgrad.hcq.device import HCQDevice
 from rawgrad.hcq.memory import ffi
 from rawgrad.hcq.program import Program
-from rawgrad.hcq.queue import HWQueue, PatchPoint, Value, sym_eval
+from rawgrad.hcq.queue import HWQueue, PatchPoint, Value
 from rawgrad.hcq.signal import Signal
 
 if TYPE_CHECKING:
@@ -197,27 +197,8 @@ class _NVQueue(HWQueue):
         self._bound_words = ffi.cast("uint32_t *", buf.va)  # a typed pointer: the fastest per-word writes
         self._block, self._bound_channel = buf, self._channel(dev)
         weakref.finalize(self, _free_block, weakref.ref(dev), buf, self._bound_channel, self._retire)
-        self._fold_data_base(buf.va + DWORD * self._data_at)
+        self._fold_variable(DATA_BASE, buf.va + DWORD * self._data_at)  # a bound block never moves
         self._gp_entry = pbuf.GPEntry(buf.va, self._fetch_dwords).encode()  # the whole replay, one entry
-
-    def _fold_data_base(self, data_base: int) -> None:
-        """A bound block never moves: resolve every DATA_BASE patch point (QMD, bank and chain addresses,
-        three per launch) now, so a replay evaluates only the patch points that really change (timeline
-        values, inputs) instead of work proportional to the number of launches."""
-        const = UOp.const(DATA_BASE.dt, data_base)
-        patches: list[PatchPoint] = []
-        last: list[int | None] = []
-        for p, prev in zip(self._patches, self._last, strict=True):
-            variables = p.expr.variables()
-            if DATA_BASE not in variables:
-                patches.append(p)
-                last.append(prev)
-            elif variables == [DATA_BASE]:
-                self._set_word(p.index, (sym_eval(p.expr, {DATA_BASE: data_base}) >> p.shift) & DWORD_MASK)
-            else:
-                patches.append(PatchPoint(p.index, p.expr.substitute({DATA_BASE: const}), p.shift))
-                last.append(None)
-        self._replace_patches(patches, last)
 
     def _before_patch(self, device: Any) -> None:
         ch = self._bound_channel
