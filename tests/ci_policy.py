@@ -8,11 +8,15 @@ Two checks a plain pytest run cannot make:
   weights package would otherwise turn whole groups of tests into silent skips that still end green.
 - **Kernels that were never assembled.** ``RAWGRAD_REQUIRE_SASS=1`` fails the session when NV kernel images
   fell back to PTX only (no ptxas found) although the run compiled NV kernels.
-- **Tests that claim a device but never used it.** Under ``DEV=NV NV_MOCK=1`` every kernel the mock GPU
-  executes is counted per test. The summary says how many tests launched at least one kernel.
+- **Tests that claim a device but never used it.** Under ``DEV=NV NV_MOCK=1`` (or ``DEV=AMD AMD_MOCK=1``)
+  every kernel the mock GPU executes is counted per test. The summary says how many tests launched at
+  least one kernel.
   ``RAWGRAD_WRITE_DEVICE_SLICE=<file>`` writes the node ids of the tests that did (``.ci/nv-slice`` is made
   this way); ``RAWGRAD_REQUIRE_DEVICE_KERNELS=1`` fails the session when a test that passed launched none,
-  so the NV slice can never again count tests that ran nothing on the device.
+  so the NV (and AMD) slice can never again count tests that ran nothing on the device.
+  On the AMD mock a command-processor fault halts the GPU for good (as a real GPU fault kills the queue):
+  after a test that left the mock faulted, the device is closed so the next test opens a fresh one instead
+  of failing on the previous test's fault.
 """
 
 from __future__ import annotations
@@ -30,23 +34,58 @@ _passed: dict[str, None] = {}  # in the order the tests ran (a dict keeps insert
 _skips: list[tuple[str, str]] = []
 
 
+def mock_kind() -> str | None:
+    """"NV" or "AMD" when DEV names that kind and its mock (NV_MOCK=1 / AMD_MOCK=1) is asked for; else
+    None."""
+    dev = os.environ.get("DEV", "").upper()
+    for kind in ("NV", "AMD"):
+        if dev.startswith(kind) and os.environ.get(f"{kind}_MOCK", "0") not in ("", "0"):
+            return kind
+    return None
+
+
 def counting_mock_kernels() -> bool:
-    on_nv = os.environ.get("DEV", "").upper().startswith("NV")
-    return on_nv and os.environ.get("NV_MOCK", "0") not in ("", "0")
+    return mock_kind() is not None
 
 
-def install_kernel_counter() -> None:
-    """Count every kernel the mock GPU executes (the GPU's side: a kernel queued but never run is not
-    counted)."""
-    # the mock GPU runs every kernel through PTXModule.launch (its PTX interpreter): count there
-    from rawgrad.drivers.nv.mock import ptx_interp
-    original: Callable[..., Any] = ptx_interp.PTXModule.launch
+def _count_calls(owner: Any, method: str) -> None:
+    original: Callable[..., Any] = getattr(owner, method)
 
     def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
         _kernels["current"] += 1
         return original(self, *args, **kwargs)
 
-    ptx_interp.PTXModule.launch = counted  # type: ignore[method-assign]
+    setattr(owner, method, counted)
+
+
+def install_kernel_counter() -> None:
+    """Count every kernel the mock GPU executes (the GPU's side: a kernel queued but never run is not
+    counted)."""
+    if mock_kind() == "AMD":
+        # the AMD mock's command processor runs a validated DISPATCH_DIRECT on the RDNA3 interpreter through
+        # CommandProcessor._execute (a dispatch recorded but not executed is not counted)
+        from rawgrad.drivers.amd.mock import cp
+        _count_calls(cp.CommandProcessor, "_execute")
+        return
+    # the mock NV GPU runs every kernel through PTXModule.launch (its PTX interpreter): count there
+    from rawgrad.drivers.nv.mock import ptx_interp
+    _count_calls(ptx_interp.PTXModule, "launch")
+
+
+def _reopen_faulted_amd_mock() -> None:
+    """Close the AMD mock device if a test left its command processor halted on a fault (see the module
+    docstring); the registry opens a fresh one on the next use."""
+    import sys
+    if "rawgrad.drivers.amd.device" not in sys.modules:
+        return
+    from rawgrad.hcq.device import Device
+    for name in Device.opened():
+        if name.partition(":")[0] != "AMD":
+            continue
+        dev = Device[name]
+        mock = getattr(dev, "mock", None)
+        if getattr(dev, "closed", False) or (mock is not None and mock.fault is not None):
+            Device.close(name)
 
 
 def allowed_skip_patterns() -> list[re.Pattern[str]] | None:
@@ -63,6 +102,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     before = _kernels["current"]
     yield
     _per_test[item.nodeid] = _kernels["current"] - before
+    if mock_kind() == "AMD":
+        _reopen_faulted_amd_mock()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -121,7 +162,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         ran = [n for n in _per_test if n in _passed]
         launched = sum(1 for n in ran if _per_test[n] > 0)
         terminalreporter.write_line(f"rawgrad: {launched} of {len(ran)} passed tests launched at least one "
-                                    f"kernel on the mock NV GPU ({sum(_per_test.values())} kernels in all)")
+                                    f"kernel on the mock {mock_kind()} GPU ({sum(_per_test.values())} "
+                                    f"kernels in all)")
     problems = _problems()
     for p in problems:
         terminalreporter.write_line(f"rawgrad CI policy: {p}", red=True)

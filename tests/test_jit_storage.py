@@ -92,15 +92,16 @@ def saved(tmp_path: Path) -> Path:
 
 # Counts every compiler in the child: rawgrad's own counters (rawgrad.compiler.total_compiles: kernels
 # through the realize loop, LLVM, NV) and, not trusting those, a wrapper around each renderer and each
-# compiler entry point (LLVM IR and PTX lowering/rendering, LLVM compile and codegen, NVCompiler.compile
-# (ptxas, nvJitLink or a PTX-only image), ptxas itself). Devices are opened first: opening the CPU device
-# builds its command processor, which is not the graph's doing.
+# compiler entry point (LLVM IR, AMDGPU and PTX lowering/rendering, LLVM compile and codegen (the AMDGPU
+# compiler is an LLVMCompiler), NVCompiler.compile (ptxas, nvJitLink or a PTX-only image), ptxas itself).
+# Devices are opened first: opening the CPU device builds its command processor, which is not the graph's
+# doing.
 WATCH = r"""
 import collections, sys
 from rawgrad import Device
 from rawgrad.compiler import total_compiles
 from rawgrad.compiler import toolchain
-from rawgrad.compiler.renderer import llvm as llvm_renderer, ptx as ptx_renderer
+from rawgrad.compiler.renderer import amdgpu as amdgpu_renderer, llvm as llvm_renderer, ptx as ptx_renderer
 from rawgrad.drivers.nv import cubin
 CALLS = collections.Counter()
 
@@ -111,7 +112,8 @@ def watch(cls, name, label):
         return original(*a, **k)
     setattr(cls, name, counted)
 
-for cls, label in [(llvm_renderer.LLVMRenderer, "llvm"), (ptx_renderer.PTXRenderer, "ptx")]:
+for cls, label in [(llvm_renderer.LLVMRenderer, "llvm"), (ptx_renderer.PTXRenderer, "ptx"),
+                   (amdgpu_renderer.AMDGPURenderer, "amdgpu")]:
     watch(cls, "lower", label + " lower")
     watch(cls, "render", label + " render")
 watch(toolchain.LLVMCompiler, "compile", "llvm compile")
@@ -167,7 +169,22 @@ def run_child(code: str, *args: str, tmp_path: Path) -> dict[str, Any]:
 
 
 def renders_of_this_device() -> str:
-    return "ptx render" if Device[Device.DEFAULT].renderer.language == "ptx" else "llvm render"
+    """The WATCH label of the renderer the device under test uses (its language: llvm, ptx or amdgpu)."""
+    language = Device[Device.DEFAULT].renderer.language
+    assert language in ("llvm", "ptx", "amdgpu"), f"WATCH does not count the {language} renderer"
+    return f"{language} render"
+
+
+def copy_kernels_the_mock_ran(dev: Any) -> list[str] | None:
+    """Names of the same-device copy kernels the device's mock GPU executed, or None on a device without
+    a mock (the NV mock's launch list, the AMD mock command processor's executed dispatches)."""
+    mock = getattr(dev, "mock", None)
+    if mock is None:
+        return None
+    if hasattr(mock, "cp"):  # AMD: the command processor's dispatch records
+        from rawgrad.drivers.amd.device import COPY_KERNEL
+        return [d.kernel for d in mock.cp.dispatches if d.executed and d.kernel == COPY_KERNEL]
+    return [launch.entry for launch in mock.gpu.launches if launch.entry == "rawgrad_copy"]
 
 
 def test_load_replays_in_a_fresh_process_without_compiling(saved: Path, tmp_path: Path) -> None:
@@ -263,7 +280,7 @@ def test_save_before_capture_and_unsavable_constant(tmp_path: Path) -> None:
 
 def copy_fn(x: Tensor) -> Tensor:
     y = (x + 1).realize()
-    return (y.clone() * 2).realize()  # a same-device copy inside the graph (NV: the copy kernel)
+    return (y.clone() * 2).realize()  # a same-device copy inside the graph (NV, AMD: the copy kernel)
 
 
 COPY_CHILD = WATCH + r"""
@@ -287,8 +304,9 @@ def test_graph_with_a_same_device_copy_replays_and_saves(tmp_path: Path) -> None
         np.testing.assert_array_equal(f(Tensor(x)).numpy(), (x + 1) * 2)
     assert f.replays >= 2
     dev: Any = Device[Device.DEFAULT]
-    if getattr(dev, "mock", None) is not None:  # NV: the copy ran as the copy kernel inside the graph
-        assert any(launch.entry == "rawgrad_copy" for launch in dev.mock.gpu.launches)
+    copies = copy_kernels_the_mock_ran(dev)
+    if copies is not None:  # NV and AMD: the copy ran as the copy kernel inside the graph
+        assert copies, "the graph's same-device copy did not run as the copy kernel on the mock GPU"
     path = tmp_path / "copy.rgjit"
     f.save(str(path))
     got = run_child(COPY_CHILD, str(path), tmp_path=tmp_path)
