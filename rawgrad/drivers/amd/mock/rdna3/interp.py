@@ -249,9 +249,21 @@ VMCNT, LGKMCNT = "vmcnt", "lgkmcnt"
 # s_waitcnt simm16 fields on gfx11 (checked against LLVM's encodings of vmcnt(N) / lgkmcnt(N) in the corpus)
 WAITCNT_VM_SHIFT, WAITCNT_LGKM_SHIFT, WAITCNT_COUNT_MASK = 10, 4, 0x3F
 
-# one deferred register write of a load: ("v", reg, lanes, uint32 values) replaces those lanes,
-# ("v_lo16"/"v_hi16", ...) replaces one half, ("s", reg, None, uint32 value) an SGPR
+# one deferred register write of a load, for the k waves that issued it: ("v", reg, lanes bool[k, 32],
+# uint32[k, 32]) replaces those lanes, ("v_lo16"/"v_hi16", ...) replaces one half of them, ("s", reg, None,
+# uint32[k]) an SGPR
 _Write = tuple[str, int, Any, Any]
+
+
+@dataclass
+class _Load:
+    """A load in flight: the waves that issued it together, which of them it has not completed for yet
+    (an s_waitcnt completes it wave by wave), and the register writes it will make."""
+
+    pc: int
+    waves: np.ndarray
+    pending: np.ndarray
+    writes: list[_Write]
 
 
 class _State:
@@ -271,10 +283,10 @@ class _State:
         # wrote it (-1: none) and a bit per wave that read it; a group has at most 1024 / 32 = 32 waves
         self.lds_writer = np.full((ngroups, lds_bytes), -1, np.int8)
         self.lds_readers = np.zeros((ngroups, lds_bytes), np.uint32)
-        # loads in flight (see _defer): per counter and wave, the register writes each load will make, in
-        # issue order; per register, how many loads in flight write it and the pc of the latest
-        self.in_flight: dict[str, list[list[tuple[int, list[_Write]]]]] = {
-            c: [[] for _ in range(nwaves)] for c in (VMCNT, LGKMCNT)}
+        # loads in flight (see _defer): per counter, the loads in issue order (each for all the waves that
+        # issued it together); per register, how many loads in flight write it and the pc of the latest
+        self.in_flight: dict[str, list[_Load]] = {VMCNT: [], LGKMCNT: []}
+        self.in_flight_count = {VMCNT: np.zeros(nwaves, np.int32), LGKMCNT: np.zeros(nwaves, np.int32)}
         self.v_pending = np.zeros((nvgprs, nwaves), np.int32)
         self.v_pending_pc = np.zeros((nvgprs, nwaves), np.int64)
         self.s_pending = np.zeros((nwaves, SGPR_FILE), np.int32)
@@ -316,47 +328,68 @@ def _check_pending(st: _State, kind: str, reg: int, w: np.ndarray, what: str, n:
                          f"which loads it, is still in flight: a missing s_waitcnt (wave {wave})")
 
 
-def _defer(st: _State, ins: Instr, counter: str, w: np.ndarray, writes_of: Any) -> None:
-    """Queue a load's writes: writes_of(k) gives the list of _Write of the k-th wave of w."""
-    for k, wave in enumerate(w.tolist()):
-        writes = writes_of(k)
-        st.in_flight[counter][wave].append((ins.pc, writes))
-        for kind, reg, _, _ in writes:
-            if kind == "s":
-                st.s_pending[wave, reg] += 1
-                st.s_pending_pc[wave, reg] = ins.pc
-            else:
-                st.v_pending[reg, wave] += 1
-                st.v_pending_pc[reg, wave] = ins.pc
+def _defer(st: _State, ins: Instr, counter: str, w: np.ndarray, writes: list[_Write]) -> None:
+    """Queue a load's writes for waves w (each write's values have a row per wave of w)."""
+    st.in_flight[counter].append(_Load(ins.pc, w, np.ones(len(w), bool), writes))
+    st.in_flight_count[counter][w] += 1
+    for kind, reg, _, _ in writes:
+        if kind == "s":
+            st.s_pending[w, reg] += 1
+            st.s_pending_pc[w, reg] = ins.pc
+        else:
+            st.v_pending[reg, w] += 1
+            st.v_pending_pc[reg, w] = ins.pc
 
 
 def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
-    """Make the writes of the oldest loads of each wave until at most `keep` remain in flight."""
-    for wave in w.tolist():
-        queue = st.in_flight[counter][wave]
-        while len(queue) > keep:
-            _, writes = queue.pop(0)
-            for kind, reg, lanes, vals in writes:
-                if kind == "s":
-                    st.s[wave, reg] = vals
-                    st.s_pending[wave, reg] -= 1
-                    continue
-                cur = st.v[reg][wave, lanes]
-                if kind == "v_lo16":
-                    vals = (cur & np.uint32(0xFFFF0000)) | vals
-                elif kind == "v_hi16":
-                    vals = (cur & np.uint32(0xFFFF)) | (vals << np.uint32(16))
-                st.v[reg][wave, lanes] = vals
-                st.v_pending[reg, wave] -= 1
+    """Make the writes of the oldest loads of each wave of w until at most `keep` remain in flight."""
+    count = st.in_flight_count[counter]
+    if not (count[w] > keep).any():
+        return
+    loads = st.in_flight[counter]
+    chosen = np.zeros(len(count), bool)
+    chosen[w] = True
+    newer = np.zeros(len(count), np.int32)  # per wave: its pending loads seen so far, newest first
+    done: list[tuple[_Load, np.ndarray]] = []
+    for load in reversed(loads):
+        mine = load.pending & chosen[load.waves]
+        if not mine.any():
+            continue
+        newer[load.waves[mine]] += 1
+        finish = mine & (newer[load.waves] > keep)
+        if finish.any():
+            done.append((load, finish))
+    for load, finish in reversed(done):  # oldest first: two loads may write one register
+        sub = load.waves[finish]
+        for kind, reg, lanes, vals in load.writes:
+            if kind == "s":
+                st.s[sub, reg] = vals[finish]
+                st.s_pending[sub, reg] -= 1
+                continue
+            cur = st.v[reg][sub]
+            new = vals[finish]
+            if kind == "v_lo16":
+                new = (cur & np.uint32(0xFFFF0000)) | new
+            elif kind == "v_hi16":
+                new = (cur & np.uint32(0xFFFF)) | (new << np.uint32(16))
+            st.v[reg][sub] = np.where(lanes[finish], new, cur)
+            st.v_pending[reg, sub] -= 1
+        load.pending &= ~finish
+        count[sub] -= 1
+    st.in_flight[counter] = [load for load in loads if load.pending.any()]
 
 
 def _defer_lanes(st: _State, ins: Instr, counter: str, w: np.ndarray, sel: tuple[np.ndarray, ...],
                  regs: list[tuple[str, int, np.ndarray]]) -> None:
     """Queue per-lane VGPR writes: regs holds (kind, reg, values for the selected (wave, lane) pairs)."""
-    def writes_of(k: int) -> list[_Write]:
-        m = sel[0] == k
-        return [(kind, reg, sel[1][m], vals[m]) for kind, reg, vals in regs]
-    _defer(st, ins, counter, w, writes_of)
+    lanes = np.zeros((len(w), WAVE), bool)
+    lanes[sel] = True
+    writes: list[_Write] = []
+    for kind, reg, vals in regs:
+        full = np.zeros((len(w), WAVE), np.uint32)
+        full[sel] = vals
+        writes.append((kind, reg, lanes, full))
+    _defer(st, ins, counter, w, writes)
 
 
 # ---------------------------------------------------------------------- float helpers
@@ -1300,7 +1333,7 @@ def _smem(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         raise RDNA3Fault(f"{ins.name} writes s{sd}..s{sd + n - 1}, past s{NUM_SGPRS - 1}")
     for j in range(n):
         _check_pending(st, "s", sd + j, w, "writes")  # an older load in flight to the same SGPR
-    _defer(st, ins, LGKMCNT, w, lambda k: [("s", sd + j, None, data[k, j]) for j in range(n)])
+    _defer(st, ins, LGKMCNT, w, [("s", sd + j, None, data[:, j].copy()) for j in range(n)])
 
 
 _GLOBAL_LOADS = {"global_load_d16_u8": (1, 1), "global_load_d16_i8": (1, 1), "global_load_d16_hi_u8": (1, 1),
