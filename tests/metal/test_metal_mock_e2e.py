@@ -15,7 +15,7 @@ from rawgrad.drivers.metal.objc import FFI, ObjC, ObjCError
 from rawgrad.tensor.buffers import buffer_numpy
 from rawgrad.tensor.schedule import create_schedule
 
-from .msl_host import CXX, run_source, type_check_one
+from rawgrad.drivers.metal.mock.msl_host import CXX, run_source, type_check_one
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no g++ or clang++ to build MSL through the shim")
 

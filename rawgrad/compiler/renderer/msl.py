@@ -3,15 +3,19 @@
 Calling convention (what the Metal driver binds, and what a replay patches):
     kernel void <name>(device T0* buf0 [[buffer(0)]], ..., device Tn* bufn [[buffer(n)]],
                        constant long* vars [[buffer(n+1)]],           // only when the kernel has Variables
-                       uint gid [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]])
+                       uint3 tpig [[thread_position_in_grid]], uint3 tpg [[threads_per_grid]],
+                       uint lid [[thread_index_in_threadgroup]])
 One buffer argument per entry of `prog.globals` in slot order, then every Variable as one 64-bit word of a
 single argument buffer `vars` (the same "all scalars are i64 words" layout as the CPU argument words, the PTX
 parameters and the AMD kernarg segment, so a captured graph patches the words of one small shared buffer
 instead of re-encoding `setBytes` per scalar). `arg_indices(prog)` gives each argument's buffer index.
 bool buffers are `device uchar*` (0/1 bytes, as everywhere in rawgrad).
 
-Thread mapping (compiler/target.py index convention): 1-D launches, `gidx = gid * L + lid` with L the
-launch's local size (a constant in the code); threads at or past the global size return at once. Group
+Thread mapping (compiler/target.py index convention): `gidx = x + X * (y + Y * z)` from the thread's
+position in the grid and the grid's extent in threads (`threads_per_grid`: whole threadgroups under
+dispatchThreadgroups), so any 3-D launch covering the global size runs the kernel; threads at or past the
+global size return at once. `lid` is the thread's linear index in its threadgroup (SIMD-groups are formed
+from it); group reductions launch 1-D blocks of exactly their local size. Group
 reductions: the lanes of one SIMD-group (the target's `simd_width`, 32 on Apple GPUs) combine their
 accumulators with a butterfly of `simd_shuffle_xor`, so every lane holds the same bits in the same order
 as on the other GPUs (`simd_sum` would leave the order, hence the rounding, to the compiler); a
@@ -199,7 +203,8 @@ class _Emitter:
         args = [f"device {mem_type(g.dt)}* buf{g.arg} [[buffer({g.arg})]]" for g in p.globals]
         if p.variables:
             args.append(f"constant long* {VARS_NAME} [[buffer({len(p.globals)})]]")
-        args += ["uint gid [[threadgroup_position_in_grid]]", "uint lid [[thread_position_in_threadgroup]]"]
+        args += ["uint3 tpig [[thread_position_in_grid]]", "uint3 tpg [[threads_per_grid]]",
+                 "uint lid [[thread_index_in_threadgroup]]"]
         for k, v in enumerate(p.variables):  # named by position: a Variable's own name may hold dots
             self.scopes[0][v] = f"var{k}"
             self.emit(f"const long var{k} = {VARS_NAME}[{k}];  // {v.arg[0]}")
@@ -251,8 +256,10 @@ class _Emitter:
         self.scopes[-1] = {k: s for k, s in scope.items() if not (k.op is Ops.LOAD and k.src[0] is acc)}
 
     def global_index(self, st: UOp) -> None:
-        """gidx = gid * L + lid; threads at or past the global size return (whole groups: see lower.py)."""
-        self.emit(f"const long gidx = (long)gid * {self.local} + (long)lid;")
+        """gidx = x + X * (y + Y * z) over the launched grid (compiler/target.py index convention: any 3-D
+        grid covering the global size runs the kernel); threads at or past the global size return (whole
+        groups: see lower.py)."""
+        self.emit("const long gidx = (long)tpig.x + (long)tpg.x * ((long)tpig.y + (long)tpg.y * (long)tpig.z);")
         size = self.prog.global_size
         limit = self.value(size) if isinstance(size, UOp) else f"{int(size)}L"
         self.emit(f"if (gidx >= {limit}) return;")

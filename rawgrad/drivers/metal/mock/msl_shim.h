@@ -38,6 +38,13 @@ struct uint2 {
   uint2(uint a, uint b) : x(a), y(b) {}
 };
 
+// what thread_position_in_grid / threads_per_grid give a kernel launched over a 3-D grid
+struct uint3 {
+  uint x, y, z;
+  uint3() = default;
+  uint3(uint a, uint b, uint c) : x(a), y(b), z(c) {}
+};
+
 namespace metal {
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
 #ifdef RG_HOST_LANES
