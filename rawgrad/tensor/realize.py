@@ -20,8 +20,9 @@ from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.lower import LinearProgram
 from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.hcq.device import Device
+from rawgrad.tensor import schedule_cache
 from rawgrad.tensor.buffers import buffer_numpy, buffer_write, device_memory
-from rawgrad.tensor.schedule import ScheduleItem, create_schedule
+from rawgrad.tensor.schedule import ScheduleItem
 
 
 class GlobalCounters:
@@ -237,6 +238,6 @@ def realize(*uops: UOp) -> tuple[UOp, ...]:
     if config.REFERENCE():
         from rawgrad.tensor.interpret import interpret_realize
         return interpret_realize(*uops)
-    items, results = create_schedule(list(uops))
+    items, results = schedule_cache.schedule(list(uops))
     run_schedule(items)
     return tuple(results)

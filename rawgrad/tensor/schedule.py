@@ -40,6 +40,9 @@ class ScheduleItem:
     bufs: list[UOp]  # BUFFER nodes by slot: bufs[0] is written, the rest are read
     var_vals: dict[UOp, int] = field(default_factory=dict)
     name: str = ""
+    # the graph's CONST nodes behind the kernel's float-constant arguments, in argument order (scalar.0,
+    # scalar.1, ...): the schedule cache reads the new constants' values through them
+    scalar_sources: tuple[UOp, ...] = ()
 
 
 # ---------------------------------------------------------------------- scalar constants as kernel arguments
@@ -293,7 +296,7 @@ class _Scheduler:
             ast = kb.build()
         var_vals = {v: self.var_vals[v] for v in kb.variables if not is_scalar_arg(v)}
         var_vals.update(kb.scalar_vals)
-        self.items.append(ScheduleItem(ast, kb.bufs, var_vals, kb.name()))
+        self.items.append(ScheduleItem(ast, kb.bufs, var_vals, kb.name(), tuple(kb.scalar_nodes)))
 
 
 class _KernelBuilder:
@@ -304,6 +307,7 @@ class _KernelBuilder:
         self.reduce: UOp | None = None
         self.variables: set[UOp] = set()
         self.scalar_vals: dict[UOp, int] = {}  # float constants passed as arguments (see `scalar_arg`)
+        self.scalar_nodes: list[UOp] = []  # the CONST node behind each of them, in the same order
         self.reads_output_differently = False
         self.ops_seen: list[str] = []
         self.memo: dict[tuple[UOp, ShapeTracker], UOp] = {}
@@ -409,6 +413,7 @@ class _KernelBuilder:
             return self.load(node, ShapeTracker.from_shape(node.shape) + st)
         if op is Ops.CONST:
             if _passes_as_argument(node.dtype, node.arg):  # type: ignore[arg-type]
+                self.scalar_nodes.append(node)
                 return self.scalar_value(node.dtype, node.arg, st)  # type: ignore[arg-type]
             return UOp(Ops.CONST, node.dtype, (UOp(Ops.VIEW, None, (), st),), node.arg)
         if op in (Ops.DEFINE_VAR, Ops.BIND):
