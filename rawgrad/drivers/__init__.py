@@ -25,3 +25,11 @@ except ModuleNotFoundError as e:
         Device.record_driver_error("AMD", e)
 except Exception as e:
     Device.record_driver_error("AMD", e)
+
+try:
+    import rawgrad.drivers.metal  # noqa: F401  (registers METAL)
+except ModuleNotFoundError as e:
+    if e.name != "rawgrad.drivers.metal":
+        Device.record_driver_error("METAL", e)
+except Exception as e:
+    Device.record_driver_error("METAL", e)

@@ -109,11 +109,41 @@ def _amd_fault(dev: HCQDevice) -> HWQueue:
     return q
 
 
+# The mock Apple GPU (fake Objective-C runtime; kernels are the rendered MSL built by g++ and run on the
+# host).
+# Its "ring" is the command queue's window of uncompleted command buffers.
+def _open_metal_mock(ring_slots: int | None, timeout_s: float) -> HCQDevice:
+    from rawgrad.drivers.metal.device import DEFAULT_MAX_COMMAND_BUFFERS
+    from rawgrad.drivers.metal.mock.gpu import MockMetalGPU
+    return MockMetalGPU().open("METAL", timeout_s=timeout_s,
+                               max_command_buffers=ring_slots or DEFAULT_MAX_COMMAND_BUFFERS)
+
+
+# A kernel whose lanes disagree on a barrier: undefined on a GPU, a failed command buffer on the mock.
+METAL_FAULT_KERNEL = ("#include <metal_stdlib>\nusing namespace metal;\n"
+                      "kernel void conformance_uneven(device float* buf0 [[buffer(0)]], "
+                      "uint lid [[thread_index_in_threadgroup]]) {\n"
+                      "  if (lid < 3u) threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+                      "  buf0[lid] = 1.0f;\n}\n")
+
+
+def _metal_fault(dev: HCQDevice) -> HWQueue:
+    prog = dev.program("conformance_uneven", METAL_FAULT_KERNEL.encode())
+    buf = dev.allocator.alloc(64)
+    return dev.queue().exec(prog, [buf], (8, 1, 1), (8, 1, 1))
+
+
+def _no_cxx() -> str | None:
+    from rawgrad.drivers.metal.mock.msl_host import CXX
+    return None if CXX is not None else "no C++ compiler for the Metal mock"
+
+
 KINDS = [
     DeviceKind("CPU", lambda: None, _open_cpu, _cpu_fault),
     DeviceKind("NV-mock", lambda: None, _open_nv_mock, _nv_fault),  # the mock GPU needs no hardware
     DeviceKind("NV", _no_nvidia, _open_nv, _nv_fault),
     DeviceKind("AMD-mock", lambda: None, _open_amd_mock, _amd_fault),  # gfx1100 on the mock KFD + RDNA3
+    DeviceKind("METAL-mock", _no_cxx, _open_metal_mock, _metal_fault),  # fake ObjC runtime + host-run MSL
 ]
 
 

@@ -259,7 +259,8 @@ class _Emitter:
         """gidx = x + X * (y + Y * z) over the launched grid (compiler/target.py index convention: any 3-D
         grid covering the global size runs the kernel); threads at or past the global size return (whole
         groups: see lower.py)."""
-        self.emit("const long gidx = (long)tpig.x + (long)tpg.x * ((long)tpig.y + (long)tpg.y * (long)tpig.z);")
+        self.emit("const long gidx = (long)tpig.x + (long)tpg.x * ((long)tpig.y + (long)tpg.y * "
+                  "(long)tpig.z);")
         size = self.prog.global_size
         limit = self.value(size) if isinstance(size, UOp) else f"{int(size)}L"
         self.emit(f"if (gidx >= {limit}) return;")

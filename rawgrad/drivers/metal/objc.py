@@ -40,7 +40,8 @@ __all__ = ["FFI", "LibObjC", "MetalUnavailable", "ObjC", "ObjCError", "ObjCRunti
 
 # Types every prototype in api.py is written in. NSUInteger/NSInteger are (unsigned) long on 64-bit Apple
 # platforms (NSObjCRuntime.h); BOOL is `bool` on arm64 (objc/objc.h, OBJC_BOOL_IS_BOOL); MTLSize is three
-# NSUIntegers (MTLTypes.h). The functions are those of libobjc (objc/runtime.h, objc/message.h) and
+# NSUIntegers (MTLTypes.h); NSRange is
+# two (NSRange.h). The functions are those of libobjc (objc/runtime.h, objc/message.h) and
 # Metal (MTLDevice.h); `objc_msgSend` is declared without a prototype on purpose: it is only ever cast.
 OBJC_CDEF = """
 typedef void *id;
@@ -49,6 +50,7 @@ typedef unsigned long NSUInteger;
 typedef long NSInteger;
 typedef bool BOOL;
 typedef struct { NSUInteger width; NSUInteger height; NSUInteger depth; } MTLSize;
+typedef struct { NSUInteger location; NSUInteger length; } NSRange;
 id objc_getClass(const char *name);
 SEL sel_registerName(const char *str);
 void objc_msgSend(void);
@@ -67,7 +69,7 @@ METAL_PATH = "/System/Library/Frameworks/Metal.framework/Metal"
 COREGRAPHICS_PATH = "/System/Library/Frameworks/CoreGraphics.framework/CoreGraphics"
 
 _POINTER_TYPES = ("id", "void *", "const void *")
-_STRUCT_TYPES = {"MTLSize": 3}
+_STRUCT_TYPES = {"MTLSize": 3, "NSRange": 2}
 
 
 class ObjCError(RuntimeError):

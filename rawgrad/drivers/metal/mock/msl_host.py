@@ -1,13 +1,13 @@
-"""The mock Apple GPU's compiler and shader cores: rendered MSL compiled as C++ with the system compiler through
-the Metal shim header (msl_shim.h next to this file), and run on the host.
+"""The mock Apple GPU's compiler and shader cores: rendered MSL compiled as C++ with the system compiler
+through the Metal shim header (msl_shim.h next to this file), and run on the host.
 
 - `type_check` / `type_check_one`: compile kernels with `-fsyntax-only` (the fake `newLibraryWithSource`
   calls `type_check_one`: a kernel that does not compile is an NSError, as on a Mac).
 - `HostKernels`: builds one kernel into a shared library with a launch harness and runs a dispatch over a
-  3-D grid of threadgroups. A kernel without barriers or SIMD shuffles runs each lane as a plain call; one with
-  them runs every lane of a threadgroup as its own thread, so `threadgroup_barrier` (a `std::barrier`) and
-  `simd_shuffle_xor` really synchronize, and lanes that make different numbers of barrier calls are reported
-  as a barrier mismatch. Built libraries are cached by a hash of the source in a private directory
+  3-D grid of threadgroups. A kernel without barriers or SIMD shuffles runs each lane as a plain call; one
+  with them runs every lane of a threadgroup as its own thread, so `threadgroup_barrier` (a `std::barrier`)
+  and `simd_shuffle_xor` really synchronize, and lanes that make different numbers of barrier calls are
+  reported as a barrier mismatch. Built libraries are cached by a hash of the source in a private directory
   (`tempfile.mkdtemp`: mode 0700, a fresh name) removed by `close()` (and at exit).
 
 The harness passes each kernel parameter that carries a Metal thread attribute from the thread's place in
@@ -74,8 +74,8 @@ def _include_dir(root: Path) -> Path:
 
 def _compiler() -> str:
     if CXX is None:
-        raise MSLHostError("the Metal mock needs a C++ compiler (g++ or clang++) on PATH to build MSL through "
-                           "its shim; none was found")
+        raise MSLHostError("the Metal mock needs a C++ compiler (g++ or clang++) on PATH to build MSL "
+                           "through its shim; none was found")
     return CXX
 
 
@@ -121,13 +121,14 @@ def _body(source: str) -> str:
 class _Built:
     """One kernel built for the host: its library, entry point and the parameters it binds."""
 
-    def __init__(self, lib: Any, ffi: cffi.FFI, buffers: list[int], vars_index: int | None, lanes: bool) -> None:
+    def __init__(self, lib: Any, ffi: cffi.FFI, buffers: list[int], vars_index: int | None,
+                 lanes: bool) -> None:
         self.lib, self.ffi, self.buffers, self.vars_index, self.lanes = lib, ffi, buffers, vars_index, lanes
 
 
 class HostKernels:
-    """Builds kernels for the host once per source (cached by hash in a private directory) and runs dispatches;
-    `close()` unloads them and removes the directory."""
+    """Builds kernels for the host once per source (cached by hash in a private directory) and runs
+    dispatches; `close()` unloads them and removes the directory."""
 
     def __init__(self) -> None:
         self._dir: Path | None = None
@@ -212,7 +213,8 @@ class HostKernels:
         else:
             body = (f"{grid}    for (unsigned lz = 0; lz < LZ; lz++) for (unsigned ly = 0; ly < LY; ly++)\n"
                     f"    for (unsigned lx = 0; lx < LX; lx++) {{\n"
-                    f"      const unsigned lin = lx + LX * (ly + LY * lz); (void)lin;\n      {launch}\n    }}\n"
+                    f"      const unsigned lin = lx + LX * (ly + LY * lz); (void)lin;\n"
+                    f"      {launch}\n    }}\n"
                     f"  }}\n  return 0;\n")
             prelude, std = "", [CHECK_STD]
         entry = ('extern "C" long rg_run(void** slots, unsigned GX, unsigned GY, unsigned GZ, unsigned LX, '

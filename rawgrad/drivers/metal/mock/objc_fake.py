@@ -26,6 +26,7 @@ that executes the rendered MSL plugs in there).
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rawgrad.drivers.metal.api import MTL_MAX_BUFFER_ARGUMENTS, Method
+from rawgrad.drivers.metal.api import (
+    MTL_INDIRECT_COMMAND_TYPE_CONCURRENT_DISPATCH,
+    MTL_MAX_BUFFER_ARGUMENTS,
+    Method,
+)
 from rawgrad.drivers.metal.objc import FFI
 
 __all__ = ["Dispatch", "FakeObjCRuntime", "MockObjCFault"]
@@ -54,6 +59,12 @@ SET_BYTES_LIMIT = 4096
 MAX_THREADS_PER_THREADGROUP = 1024
 # MTLCommandBufferStatus (MTLCommandBuffer.h)
 STATUS_NOT_ENQUEUED, STATUS_ENQUEUED, STATUS_COMMITTED, STATUS_SCHEDULED, STATUS_COMPLETED = 0, 1, 2, 3, 4
+STATUS_ERROR = 5
+# MTLCommandQueue's default maxCommandBufferCount (Apple, newCommandQueue: "64 uncompleted command buffers")
+DEFAULT_MAX_COMMAND_BUFFERS = 64
+# MTLCommandBufferError.MTLCommandBufferErrorInternal = 1 (MTLCommandBuffer.h): what the fake reports when a
+# kernel fails on its shader cores (the host run raised)
+COMMAND_BUFFER_ERROR_INTERNAL = 1
 # MTLLanguageVersion1_0 would be 1 << 16; the default the fake assumes when options set none.
 DEFAULT_LANGUAGE_VERSION = 2 << 16
 
@@ -242,10 +253,11 @@ class FakeLibrary(FakeObject):
 class FakePipelineState(FakeObject):
     cls_name = "MTLComputePipelineState"
 
-    def __init__(self, rt: FakeObjCRuntime, function: FakeFunction) -> None:
+    def __init__(self, rt: FakeObjCRuntime, function: FakeFunction, support_icb: bool = False) -> None:
         super().__init__(rt)
         self.function = function.retain()
         self.name = function.name
+        self.support_icb = support_icb  # MTLComputePipelineDescriptor.supportIndirectCommandBuffers
 
     @objc_method("maxTotalThreadsPerThreadgroup", "NSUInteger")
     def max_total_threads(self) -> int:
@@ -278,6 +290,148 @@ class FakeSharedEvent(FakeObject):
         self.value = v
 
 
+class FakeComputePipelineDescriptor(FakeObject):
+    cls_name = "MTLComputePipelineDescriptor"
+
+    def __init__(self, rt: FakeObjCRuntime) -> None:
+        super().__init__(rt)
+        self.function: FakeFunction | None = None
+        self.support_icb = False  # Apple: supportIndirectCommandBuffers defaults to NO
+
+    @objc_method("setComputeFunction:", "void", "id")
+    def set_function(self, fn: FakeObject | None) -> None:
+        if fn is not None and not isinstance(fn, FakeFunction):
+            raise MockObjCFault(f"setComputeFunction: got {fn!r}, not a function")
+        if fn is not None:
+            fn.retain()
+        if self.function is not None:
+            self.function.release()
+        self.function = fn
+
+    @objc_method("setSupportIndirectCommandBuffers:", "void", "BOOL")
+    def set_support_icb(self, on: bool) -> None:
+        self.support_icb = bool(on)
+
+    def dealloc(self) -> None:
+        if self.function is not None:
+            self.function.release()
+
+
+class FakeICBDescriptor(FakeObject):
+    cls_name = "MTLIndirectCommandBufferDescriptor"
+
+    def __init__(self, rt: FakeObjCRuntime) -> None:
+        super().__init__(rt)
+        self.command_types = 0
+        # Apple: inheritBuffers and inheritPipelineState default to YES (the commands take the encoder's
+        # state)
+        self.inherit_buffers = True
+        self.inherit_pipeline = True
+        self.max_kernel_buffers = 0
+
+    @objc_method("setCommandTypes:", "void", "NSUInteger")
+    def set_types(self, t: int) -> None:
+        self.command_types = t
+
+    @objc_method("setInheritBuffers:", "void", "BOOL")
+    def set_inherit_buffers(self, on: bool) -> None:
+        self.inherit_buffers = bool(on)
+
+    @objc_method("setInheritPipelineState:", "void", "BOOL")
+    def set_inherit_pipeline(self, on: bool) -> None:
+        self.inherit_pipeline = bool(on)
+
+    @objc_method("setMaxKernelBufferBindCount:", "void", "NSUInteger")
+    def set_max_buffers(self, n: int) -> None:
+        self.max_kernel_buffers = n
+
+
+class FakeIndirectComputeCommand(FakeObject):
+    """One command of an ICB; it belongs to the ICB (indirectComputeCommandAtIndex: returns it unowned)."""
+
+    cls_name = "MTLIndirectComputeCommand"
+
+    def __init__(self, rt: FakeObjCRuntime, icb: FakeICB, index: int) -> None:
+        super().__init__(rt)
+        self.icb, self.index = icb, index
+        self.pipeline: FakePipelineState | None = None
+        self.buffers: dict[int, tuple[FakeBuffer, int]] = {}
+        self.dispatch: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+        self.barrier = False
+
+    def _where(self, what: str) -> str:
+        return f"{what} on ICB command {self.index}"
+
+    @objc_method("setComputePipelineState:", "void", "id")
+    def set_pipeline(self, p: FakeObject) -> None:
+        if self.icb.descriptor_inherit_pipeline:
+            raise MockObjCFault(self._where("setComputePipelineState:") + ": the ICB inherits its pipeline "
+                                "state (set inheritPipelineState = NO on the descriptor)")
+        if not isinstance(p, FakePipelineState):
+            raise MockObjCFault(self._where("setComputePipelineState:") + f": {p!r} is not a pipeline state")
+        if not p.support_icb:
+            raise MockObjCFault(self._where("setComputePipelineState:") + f": pipeline {p.name!r} was not "
+                                "made with supportIndirectCommandBuffers = YES")
+        self.pipeline = p
+
+    @objc_method("setKernelBuffer:offset:atIndex:", "void", "id", "NSUInteger", "NSUInteger")
+    def set_kernel_buffer(self, buf: FakeObject, offset: int, index: int) -> None:
+        what = self._where("setKernelBuffer:offset:atIndex:")
+        if self.icb.descriptor_inherit_buffers:
+            raise MockObjCFault(f"{what}: the ICB inherits its buffers (set inheritBuffers = NO)")
+        if index >= self.icb.max_kernel_buffers:
+            raise MockObjCFault(f"{what}: index {index} is not below the descriptor's "
+                                f"maxKernelBufferBindCount {self.icb.max_kernel_buffers}")
+        if not isinstance(buf, FakeBuffer):
+            raise MockObjCFault(f"{what}: {buf!r} is not a buffer")
+        if offset > buf.length_bytes:
+            raise MockObjCFault(f"{what}: offset {offset} past the end of a {buf.length_bytes}-byte buffer")
+        self.buffers[index] = (buf, offset)
+
+    @objc_method("concurrentDispatchThreadgroups:threadsPerThreadgroup:", "void", "MTLSize", "MTLSize")
+    def concurrent_dispatch(self, groups: tuple[int, int, int], threads: tuple[int, int, int]) -> None:
+        if not self.icb.command_types & MTL_INDIRECT_COMMAND_TYPE_CONCURRENT_DISPATCH:
+            raise MockObjCFault(self._where("concurrentDispatchThreadgroups:") + ": the ICB was not made for "
+                                "MTLIndirectCommandTypeConcurrentDispatch")
+        self.dispatch = (groups, threads)
+
+    @objc_method("setBarrier", "void")
+    def set_barrier(self) -> None:
+        self.barrier = True
+
+    @objc_method("clearBarrier", "void")
+    def clear_barrier(self) -> None:
+        self.barrier = False
+
+
+class FakeICB(FakeObject):
+    cls_name = "MTLIndirectCommandBuffer"
+
+    def __init__(self, rt: FakeObjCRuntime, desc: FakeICBDescriptor, count: int) -> None:
+        super().__init__(rt)
+        # the descriptor's settings are copied when the ICB is made (Apple: the descriptor can be reused)
+        self.command_types = desc.command_types
+        self.descriptor_inherit_buffers = desc.inherit_buffers
+        self.descriptor_inherit_pipeline = desc.inherit_pipeline
+        self.max_kernel_buffers = desc.max_kernel_buffers
+        self.count = count
+        self.commands: dict[int, FakeIndirectComputeCommand] = {}
+
+    @objc_method("indirectComputeCommandAtIndex:", "id", "NSUInteger")
+    def command_at(self, index: int) -> FakeObject:
+        if index >= self.count:
+            raise MockObjCFault(f"indirectComputeCommandAtIndex: {index} is past the ICB's maxCommandCount "
+                                f"{self.count}")
+        cmd = self.commands.get(index)
+        if cmd is None:
+            cmd = self.commands[index] = FakeIndirectComputeCommand(self.rt, self, index)
+        return cmd
+
+    def dealloc(self) -> None:
+        for cmd in self.commands.values():
+            cmd.release()
+
+
 @dataclass
 class Dispatch:
     """One dispatchThreadgroups as the GPU would run it: its pipeline and argument table."""
@@ -300,6 +454,7 @@ class FakeComputeEncoder(FakeObject):
         self.pipeline: FakePipelineState | None = None
         self.buffers: dict[int, tuple[FakeBuffer, int]] = {}
         self.bytes_args: dict[int, bytes] = {}
+        self.resident: list[FakeBuffer] = []
 
     def _live(self, what: str) -> None:
         if self.ended:
@@ -358,9 +513,63 @@ class FakeComputeEncoder(FakeObject):
     def memory_barrier(self, scope: int) -> None:
         self._live("memoryBarrierWithScope:")
 
+    @objc_method("useResource:usage:", "void", "id", "NSUInteger")
+    def use_resource(self, res: FakeObject, usage: int) -> None:
+        self._live("useResource:usage:")
+        if not isinstance(res, FakeBuffer):
+            raise MockObjCFault(f"useResource:usage: got {res!r}, not a buffer")
+        if res not in self.resident:
+            self.resident.append(res)
+            self.cbuf.held.append(res.retain())
+
+    @objc_method("executeCommandsInBuffer:withRange:", "void", "id", "NSRange")
+    def execute_icb(self, icb: FakeObject, rng: tuple[int, int]) -> None:
+        self._live("executeCommandsInBuffer:withRange:")
+        if not isinstance(icb, FakeICB):
+            raise MockObjCFault(f"executeCommandsInBuffer: got {icb!r}, not an indirect command buffer")
+        start, length = rng
+        if start + length > icb.count:
+            raise MockObjCFault(f"executeCommandsInBuffer: range {start}..{start + length} is past the ICB's "
+                                f"{icb.count} commands")
+        # Apple: an ICB's commands see only resources made resident in this encoder with useResource; the
+        # commands are read when the GPU runs them, so the check and the run happen then
+        # (FakeCommandBuffer.run)
+        self.cbuf._add(("icb", (icb, start, length, frozenset(id(b) for b in self.resident))), [icb])
+
     @objc_method("endEncoding", "void")
     def end_encoding(self) -> None:
         self._live("endEncoding")
+        self.ended = True
+        self.cbuf.encoder = None
+
+
+class FakeBlitEncoder(FakeObject):
+    cls_name = "MTLBlitCommandEncoder"
+
+    def __init__(self, rt: FakeObjCRuntime, cbuf: FakeCommandBuffer) -> None:
+        super().__init__(rt)
+        self.cbuf = cbuf
+        self.ended = False
+
+    @objc_method("copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", "void", "id", "NSUInteger",
+                 "id", "NSUInteger", "NSUInteger")
+    def copy(self, src: FakeObject, src_off: int, dst: FakeObject, dst_off: int, size: int) -> None:
+        what = "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:"
+        if self.ended:
+            raise MockObjCFault(f"{what} on an encoder after endEncoding")
+        if not isinstance(src, FakeBuffer) or not isinstance(dst, FakeBuffer):
+            raise MockObjCFault(f"{what}: {src!r} / {dst!r} are not buffers")
+        if src_off + size > src.length_bytes or dst_off + size > dst.length_bytes:
+            raise MockObjCFault(f"{what}: [{src_off}, +{size}) / [{dst_off}, +{size}) outside the "
+                                f"{src.length_bytes}- / {dst.length_bytes}-byte buffers")
+        if src is dst and src_off < dst_off + size and dst_off < src_off + size:
+            raise MockObjCFault(f"{what}: overlapping ranges in one buffer (undefined in Metal)")
+        self.cbuf._add(("copy", (src, src_off, dst, dst_off, size)), [src, dst])
+
+    @objc_method("endEncoding", "void")
+    def end_encoding(self) -> None:
+        if self.ended:
+            raise MockObjCFault("endEncoding on an encoder after endEncoding")
         self.ended = True
         self.cbuf.encoder = None
 
@@ -373,8 +582,9 @@ class FakeCommandBuffer(FakeObject):
         self.queue = queue
         self.commands: list[tuple[str, Any]] = []
         self.held: list[FakeObject] = []  # resources retained until completion (retainedReferences)
-        self.encoder: FakeComputeEncoder | None = None
+        self.encoder: FakeComputeEncoder | FakeBlitEncoder | None = None
         self.state = STATUS_NOT_ENQUEUED
+        self.error_text: str | None = None
         self.start_time = self.end_time = 0.0
         self.pc = 0  # the next command to execute (a wait may stop it part way)
 
@@ -386,12 +596,18 @@ class FakeCommandBuffer(FakeObject):
 
     def _no_open_encoder(self, what: str) -> None:
         if self.encoder is not None:
-            raise MockObjCFault(f"{what} while a compute encoder is still encoding (call endEncoding first)")
+            raise MockObjCFault(f"{what} while an encoder is still encoding (call endEncoding first)")
 
     @objc_method("computeCommandEncoder", "id")
     def compute_encoder(self) -> FakeObject:
         self._no_open_encoder("computeCommandEncoder")
         self.encoder = FakeComputeEncoder(self.rt, self)
+        return self.rt.autorelease(self.encoder)
+
+    @objc_method("blitCommandEncoder", "id")
+    def blit_encoder(self) -> FakeObject:
+        self._no_open_encoder("blitCommandEncoder")
+        self.encoder = FakeBlitEncoder(self.rt, self)
         return self.rt.autorelease(self.encoder)
 
     @objc_method("encodeSignalEvent:value:", "void", "id", "uint64_t")
@@ -417,7 +633,7 @@ class FakeCommandBuffer(FakeObject):
     def wait_until_completed(self) -> None:
         if self.state == STATUS_NOT_ENQUEUED:
             raise MockObjCFault("waitUntilCompleted on a command buffer that was never committed")
-        if self.state != STATUS_COMPLETED:
+        if self.state not in (STATUS_COMPLETED, STATUS_ERROR):
             blocked = self.queue.pending[0].blocked_on() if self.queue.pending else None
             raise MockObjCFault(f"waitUntilCompleted would never return: the queue waits for {blocked}")
 
@@ -426,8 +642,10 @@ class FakeCommandBuffer(FakeObject):
         return self.state
 
     @objc_method("error", "id")
-    def error(self) -> None:
-        return None
+    def error(self) -> FakeObject | None:
+        if self.error_text is None:
+            return None
+        return self.rt.autorelease(FakeNSError(self.rt, self.error_text, COMMAND_BUFFER_ERROR_INTERNAL))
 
     @objc_method("GPUStartTime", "double")
     def gpu_start(self) -> float:
@@ -453,32 +671,83 @@ class FakeCommandBuffer(FakeObject):
                 if arg[0].value < arg[1]:
                     return False
             elif kind == "signal":
-                arg[0].raise_to(arg[1], "encodeSignalEvent:value:")
+                # a GPU-side signal to a lower value leaves the event as it is (AMD-METAL-FACTS §4: the value
+                # only rises); the host's setSignaledValue to a lower value is a fault (a driver bug)
+                arg[0].value = max(arg[0].value, arg[1])
             else:
-                self.rt.dispatches.append(arg)
-                if self.rt.kernel_runner is not None:
-                    self.rt.kernel_runner(arg)
+                try:
+                    self._execute(kind, arg)
+                except MockObjCFault:
+                    raise
+                except Exception as e:  # the GPU failed this command buffer (a kernel that broke a rule)
+                    self.error_text = f"{type(e).__name__}: {e}"
+                    self._finish(STATUS_ERROR)
+                    return True
             self.pc += 1
+        self._finish(STATUS_COMPLETED)
+        return True
+
+    def _finish(self, state: int) -> None:
         self.end_time = time.perf_counter()
-        self.state = STATUS_COMPLETED
+        self.state = state
         for o in self.held:
             o.release()
         self.held = []
-        return True
+
+    def _execute(self, kind: str, arg: Any) -> None:
+        if kind == "dispatch":
+            self._run_dispatch(arg)
+        elif kind == "copy":
+            src, src_off, dst, dst_off, size = arg
+            dst.data[dst_off:dst_off + size] = src.data[src_off:src_off + size]
+        elif kind == "icb":
+            icb, start, length, resident = arg
+            for k in range(start, start + length):
+                cmd = icb.commands.get(k)
+                if cmd is None or cmd.dispatch is None:
+                    continue  # a command never encoded does nothing
+                if cmd.pipeline is None:
+                    raise MockObjCFault(f"ICB command {k} dispatches with no pipeline state set")
+                for index, (buf, _) in cmd.buffers.items():
+                    if id(buf) not in resident:
+                        raise MockObjCFault(f"ICB command {k} ({cmd.pipeline.name}) uses buffer {buf!r} at "
+                                            f"index {index}, which was not made resident with useResource in "
+                                            f"the encoder that executes the ICB")
+                self._run_dispatch(Dispatch(cmd.pipeline.name, dict(cmd.buffers), {}, cmd.dispatch[0],
+                                            cmd.dispatch[1], cmd.pipeline))
+        else:
+            raise MockObjCFault(f"unknown command kind {kind!r}")
+
+    def _run_dispatch(self, d: Dispatch) -> None:
+        self.rt.dispatches.append(d)
+        if self.rt.kernel_runner is not None:
+            self.rt.kernel_runner(d)
 
 
 class FakeCommandQueue(FakeObject):
     cls_name = "MTLCommandQueue"
 
-    def __init__(self, rt: FakeObjCRuntime, device: FakeDevice) -> None:
+    def __init__(self, rt: FakeObjCRuntime, device: FakeDevice,
+                 max_buffers: int = DEFAULT_MAX_COMMAND_BUFFERS) -> None:
         super().__init__(rt)
         self.device = device
+        self.max_buffers = max_buffers
         self.pending: list[FakeCommandBuffer] = []
+        self.made: list[FakeCommandBuffer] = []  # buffers of this queue not completed yet
         rt.queues.append(self)
 
     @objc_method("commandBuffer", "id")
     def command_buffer(self) -> FakeObject:
-        return self.rt.autorelease(FakeCommandBuffer(self.rt, self))
+        self.made = [b for b in self.made if b.state not in (STATUS_COMPLETED, STATUS_ERROR)]
+        if len(self.made) >= self.max_buffers:
+            # Apple: commandBuffer blocks until one of the queue's maxCommandBufferCount buffers completes;
+            # the fake runs on the caller's thread, where that block would never end
+            raise MockObjCFault(f"commandBuffer with {len(self.made)} uncompleted command buffers (the "
+                                f"queue's maxCommandBufferCount is {self.max_buffers}): it would block until "
+                                f"one completes; wait for completion before asking for more")
+        cb = FakeCommandBuffer(self.rt, self)
+        self.made.append(cb)
+        return self.rt.autorelease(cb)
 
     def progress(self) -> bool:
         moved = False
@@ -505,6 +774,30 @@ class FakeDevice(FakeObject):
     @objc_method("newCommandQueue", "id")
     def new_queue(self) -> FakeObject:
         return FakeCommandQueue(self.rt, self)
+
+    @objc_method("newCommandQueueWithMaxCommandBufferCount:", "id", "NSUInteger")
+    def new_queue_max(self, count: int) -> FakeObject:
+        if count < 1:
+            raise MockObjCFault(f"newCommandQueueWithMaxCommandBufferCount: {count}")
+        return FakeCommandQueue(self.rt, self, count)
+
+    @objc_method("newComputePipelineStateWithDescriptor:options:reflection:error:", "id", "id", "NSUInteger",
+                 "id *", "id *")
+    def new_pipeline_desc(self, desc: FakeObject, options: int, reflection: int,
+                          error: int) -> FakeObject | None:
+        if not isinstance(desc, FakeComputePipelineDescriptor) or desc.function is None:
+            self.rt._store_error(error, f"{desc!r} is not a pipeline descriptor with a compute function", 1)
+            return None
+        return FakePipelineState(self.rt, desc.function, desc.support_icb)
+
+    @objc_method("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", "id", "id", "NSUInteger",
+                 "NSUInteger")
+    def new_icb(self, desc: FakeObject, count: int, options: int) -> FakeObject:
+        if not isinstance(desc, FakeICBDescriptor):
+            raise MockObjCFault(f"newIndirectCommandBufferWithDescriptor: got {desc!r}")
+        if count < 1:
+            raise MockObjCFault(f"newIndirectCommandBufferWithDescriptor: maxCommandCount {count}")
+        return FakeICB(self.rt, desc, count)
 
     @objc_method("newSharedEvent", "id")
     def new_event(self) -> FakeObject:
@@ -545,7 +838,10 @@ class FakeObjCRuntime:
         self.selectors: dict[int, str] = {}
         self.trampolines: dict[str, Any] = {}
         self.calls: dict[str, int] = {}  # prototype -> calls that arrived through its trampoline
-        self.pools: list[list[FakeObject]] = []
+        self._pools: dict[int, list[list[FakeObject]]] = {}  # autorelease pools are per thread, as in ObjC
+        # one message at a time: the fake GPU runs on whichever thread made it progress (a commit, or a host
+        # setSignaledValue from another thread)
+        self.lock = threading.RLock()
         self.queues: list[FakeCommandQueue] = []
         self.dispatches: list[Dispatch] = []
         self.kernel_runner: Callable[[Dispatch], None] | None = None
@@ -558,7 +854,9 @@ class FakeObjCRuntime:
                                       Method("stringWithUTF8String:", "id", ("const char *",)))})
         self.classes: dict[str, FakeClass] = {c.name: c for c in (
             str_cls, FakeClass(self, "NSError", FakeNSError, {}),
-            FakeClass(self, "MTLCompileOptions", FakeCompileOptions, {}))}
+            FakeClass(self, "MTLCompileOptions", FakeCompileOptions, {}),
+            FakeClass(self, "MTLComputePipelineDescriptor", FakeComputePipelineDescriptor, {}),
+            FakeClass(self, "MTLIndirectCommandBufferDescriptor", FakeICBDescriptor, {}))}
 
     # ------------------------------------------------------------------ the seam
     def get_class(self, name: bytes) -> int:
@@ -578,6 +876,11 @@ class FakeObjCRuntime:
             cb = FFI.callback(prototype, self._trampoline(prototype))
             self.trampolines[prototype] = cb
         return cb
+
+    @property
+    def pools(self) -> list[list[FakeObject]]:
+        """The calling thread's pool stack."""
+        return self._pools.setdefault(threading.get_ident(), [])
 
     def pool_push(self) -> int:
         self.pools.append([])
@@ -606,8 +909,9 @@ class FakeObjCRuntime:
     def assert_balanced(self) -> None:
         """Fail on any fault seen, any leaked object, or an open autorelease pool."""
         problems = list(self.faults)
-        if self.pools:
-            problems.append(f"{len(self.pools)} autorelease pool(s) still open")
+        open_pools = sum(len(p) for p in self._pools.values())
+        if open_pools:
+            problems.append(f"{open_pools} autorelease pool(s) still open")
         leaked = self.leaks()
         if leaked:
             problems.append(f"{len(leaked)} object(s) leaked: " + ", ".join(map(repr, leaked[:8])))
@@ -670,10 +974,11 @@ class FakeObjCRuntime:
             return FFI.NULL if restype.kind == "pointer" else 0
 
         def call(self_ptr: Any, sel: Any, *args: Any) -> Any:
-            self.calls[prototype] = self.calls.get(prototype, 0) + 1
             try:
-                return self._dispatch(prototype, int(FFI.cast("uintptr_t", self_ptr)),
-                                      int(FFI.cast("uintptr_t", sel)), args, restype)
+                with self.lock:
+                    self.calls[prototype] = self.calls.get(prototype, 0) + 1
+                    return self._dispatch(prototype, int(FFI.cast("uintptr_t", self_ptr)),
+                                          int(FFI.cast("uintptr_t", sel)), args, restype)
             except MockObjCFault as e:
                 self._fault(str(e))
             except Exception as e:  # a bug in a fake: surface it, never let the callback swallow it
@@ -719,6 +1024,8 @@ class FakeObjCRuntime:
             return int(FFI.cast("uintptr_t", a))
         if ctype == "MTLSize":
             return (int(a.width), int(a.height), int(a.depth))
+        if ctype == "NSRange":
+            return (int(a.location), int(a.length))
         return a
 
     def _out(self, ctype: str, v: Any) -> Any:
