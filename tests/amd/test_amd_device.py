@@ -4,6 +4,7 @@ teardown through the OS seam, signals, the PM4 and SDMA queues, kernels, bound r
 These run without AMD_MOCK: each test opens its own mock explicitly (the registry's AMD kind needs it)."""
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,6 +260,8 @@ def test_ring_padding_longer_than_one_nop_packet(mock: MockAMD) -> None:
         done = dev.new_signal(0)
         dev.queue().signal(done, 1).submit(dev)
         done.wait(1, TIMEOUT_S, check=dev.check_fault)
+        # the CP read past the padding (the signal's value lands before the CP writes its read pointer back)
+        ring.wait_retired(pos + n + 1, queue="after the padding")
         assert ring.retired() > pos + n
     finally:
         dev.close()
@@ -311,7 +314,7 @@ def test_mock_waits_for_the_default_timeout_last_longer(dev: AMDDevice,
 
 def test_a_kfd_memory_fault_event_is_a_device_fault(dev: AMDDevice, mock: MockAMD) -> None:
     # how real hardware reports a bad address: KFD signals the MEMORY event (here injected into the mock)
-    assert mock.kfd.calls.count("CREATE_EVENT") == 2
+    assert mock.kfd.calls.count("CREATE_EVENT") == 3  # MEMORY, HW_EXCEPTION, and the SIGNAL event waits use
     dev.check_fault()
     mock.kfd.inject_memory_fault(0xDEAD000, write=True)
     time.sleep(0.002)  # past the poll interval
@@ -343,3 +346,69 @@ def test_a_saved_graph_replays_on_amd(monkeypatch: pytest.MonkeyPatch, tmp_path:
         np.testing.assert_array_equal(g(Tensor(a - 5, device="AMD")).numpy(), (a - 5) * 3 + 1)
     finally:
         Device.close("AMD")
+
+
+def test_host_waits_sleep_in_wait_events_and_wake_on_the_interrupt(dev: AMDDevice, mock: MockAMD) -> None:
+    # the SIGNAL event: a signal write is followed by a mailbox write + interrupt (RELEASE_MEM INT_SEL 2 on
+    # PM4, FENCE + TRAP on SDMA) that wakes the host's WAIT_EVENTS
+    ev = dev.signal_event
+    assert ev is not None and dev.event_mailbox
+    assert mock.kfd.events[ev.event_id].event_type == abi.KFD_IOC_EVENT_SIGNAL
+    gate, done = dev.new_signal(0), dev.new_signal(0)
+    assert done.event_wait is not None
+    dev.queue().wait(gate, 1).signal(done, 7).submit(dev)
+    dev.copy_queue().signal(gate, 1).submit(dev)
+    waits = dev.event_waits
+    done.wait(7, TIMEOUT_S, check=dev.check_fault)
+    assert done.value == 7
+    queues = {name for name, ctxid in mock.cp.interrupts if ctxid == ev.event_id}
+    assert any("PM4" in q for q in queues) and any("SDMA" in q for q in queues), mock.cp.interrupts
+    # the wait slept in WAIT_EVENTS (the GPU thread needs far more than the 50 us spin to get there)
+    assert dev.event_waits > waits and "WAIT_EVENTS" in mock.kfd.calls
+    # a long wait that nothing signals costs its time in WAIT_EVENTS, not in 1-ms polls that miss a wake-up:
+    # the interrupt of a later signal ends it well before its timeout
+    late = dev.new_signal(0)
+    timer = threading.Timer(0.2, lambda: dev.queue().signal(late, 1).submit(dev))
+    t0 = time.perf_counter()
+    timer.start()
+    try:
+        late.wait(1, TIMEOUT_S, check=dev.check_fault)
+    finally:
+        timer.join()
+    assert late.value == 1 and time.perf_counter() - t0 < TIMEOUT_S / 2
+
+
+def test_without_the_signal_event_host_waits_poll(mock: MockAMD) -> None:
+    dev = AMDDevice("AMD", mock=mock, timeout_s=TIMEOUT_S, interrupts=False)
+    try:
+        assert dev.signal_event is None and mock.kfd.calls.count("CREATE_EVENT") == 2
+        s = dev.new_signal(0)
+        assert s.event_wait is None
+        dev.queue().signal(s, 3).submit(dev)
+        s.wait(3, TIMEOUT_S, check=dev.check_fault)
+        assert s.value == 3 and dev.event_waits == 0 and not mock.cp.interrupts  # no mailbox, no interrupt
+    finally:
+        dev.close()
+    assert not any(mock.leaks().values())
+
+
+def test_a_kfd_without_free_event_slots_falls_back_to_polling(mock: MockAMD,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    real = mock.kfd.ioctl
+
+    def no_signal_events(fd: int, request: int, args: object) -> object:
+        signal_event = getattr(args, "event_type", None) == abi.KFD_IOC_EVENT_SIGNAL
+        if request == abi.CREATE_EVENT.request and signal_event:
+            raise OSError(28, "CREATE_EVENT: all signal event slots are in use (ENOSPC)")
+        return real(fd, request, args)
+
+    monkeypatch.setattr(mock.kfd, "ioctl", no_signal_events)
+    dev = AMDDevice("AMD", mock=mock, timeout_s=TIMEOUT_S)
+    try:
+        assert dev.signal_event is None and not dev.interrupts
+        s = dev.new_signal(0)
+        dev.queue().signal(s, 2).submit(dev)
+        s.wait(2, TIMEOUT_S, check=dev.check_fault)
+        assert s.value == 2
+    finally:
+        dev.close()

@@ -7,6 +7,10 @@ are `hcq.Ring`s retired by the CP / SDMA read pointers, doorbells through the se
   range (render-node mmap) and on the GPU. Buffers and code are CPU-visible VRAM (PUBLIC: a large BAR is
   assumed, as on the RX 7900 XTX); rings, signals and bound queues are GTT.
 - Signals: 16-byte slots (u64 value, u64 timestamp) in GTT pages, `compare_bits=32` (the CP compares 32 bits).
+  Host waits sleep in KFD's WAIT_EVENTS on the device's SIGNAL event (AMD-METAL-FACTS 1.3 step 5, 1.4): every
+  signal write is followed by a write of the event's trigger data to its mailbox and an interrupt with the
+  event id, which wakes the waiter at once. Without the event (KFD refused it, or `interrupts=False`) the
+  waits poll.
 - Host copies go through the CPU mapping after the timeline drained (simple and correct; not fast).
 - `clock`: the GPU counter runs at 100 MHz (AMD-METAL-FACTS 1.4), one tick = 10 ns.
 
@@ -17,6 +21,7 @@ queue and surfaces as `hcq.DeviceFault` from `check_fault`.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -65,6 +70,9 @@ DEFAULT_RING_BYTES = 64 << 10
 EOP_BUFFER_BYTES = 0x1000
 # How often check_fault asks KFD (WAIT_EVENTS, no wait) whether a memory-fault or HW-exception event fired.
 FAULT_POLL_S = 0.001
+# Event waits are in whole ms (WAIT_EVENTS takes ms): a sleep shorter than that waits one ms at most, and
+# returns at the interrupt (the wait loop's sleeps are capped at 1 ms, so a missed interrupt costs <= 1 ms).
+MS_PER_S = 1000
 # Signal slots come in GTT pages of this many bytes.
 SIGNAL_POOL_BYTES = 16 * PAGE
 # Same-device copies on the compute queue: a kernel moving one byte per work-item, in blocks of this many
@@ -191,7 +199,7 @@ class AMDDevice(HCQDevice):
 
     def __init__(self, name: str = "AMD", os_iface: Any = None, *, mock: MockAMD | None = None,
                  index: int = 0, ring_bytes: int = DEFAULT_RING_BYTES,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, interrupts: bool = True) -> None:
         self.closed = False
         self.name = name
         self.mock = mock
@@ -203,8 +211,13 @@ class AMDDevice(HCQDevice):
         self._deferred: deque[tuple[Callable[[], bool], AMDBuffer]] = deque()
         self._signal_free: list[int] = []
         self._queue_ids: list[int] = []
-        self._event_ids: list[int] = []
+        self._event_ids: list[int] = []  # the fault events check_fault polls
+        self._signal_event_ids: list[int] = []  # the SIGNAL event host waits sleep on (not polled for faults)
         self._memory_event = 0
+        self.interrupts = interrupts
+        self.signal_event: abi.EventInfo | None = None  # the SIGNAL event host waits sleep on (None: poll)
+        self.event_mailbox = 0  # its mailbox: event page + slot * 8
+        self.event_waits = 0  # WAIT_EVENTS calls host waits made (how tests see the waits were event driven)
         self._last_fault_poll = 0.0
         self._kfd_fault: str | None = None
         self._fds: list[int] = []
@@ -391,7 +404,8 @@ class AMDDevice(HCQDevice):
     def _fault_events(self) -> None:
         """KFD reports GPU page faults and hangs/resets through MEMORY and HW_EXCEPTION events; the first
         event of the process brings the event page (a GTT allocation the KFD process keeps until it ends, so
-        it is not in `_buffers`: FREE_MEMORY_OF_GPU refuses it)."""
+        it is not in `_buffers`: FREE_MEMORY_OF_GPU refuses it). Then the SIGNAL event host waits sleep on
+        (its mailbox in the event page; the queues write it and interrupt after every signal)."""
         page = self.alloc_memory(abi.EVENT_PAGE_BYTES, "gtt")
         del self._buffers[page.va]
         mem = abi.decode_event(self._ioctl(abi.create_event(abi.KFD_IOC_EVENT_MEMORY,
@@ -400,6 +414,30 @@ class AMDDevice(HCQDevice):
         self._memory_event = mem.event_id
         hw = abi.decode_event(self._ioctl(abi.create_event(abi.KFD_IOC_EVENT_HW_EXCEPTION)))
         self._event_ids.append(hw.event_id)
+        if not self.interrupts:
+            return
+        try:
+            sig = abi.decode_event(self._ioctl(abi.create_event(abi.KFD_IOC_EVENT_SIGNAL, auto_reset=True)))
+        except OSError:  # no event slot left (or an older KFD): host waits poll instead
+            self.interrupts = False
+            return
+        self._signal_event_ids = [sig.event_id]
+        self.signal_event = sig
+        self.event_mailbox = page.va + sig.slot_index * abi.EVENT_SLOT_BYTES
+
+    def _event_wait(self, value: int, seconds: float) -> None:
+        """The signals' `event_wait` hook: sleep in WAIT_EVENTS on the SIGNAL event until a signal write's
+        interrupt (or `seconds`, rounded up to whole ms). It may return early or late by one interrupt: the
+        wait loop checks the value again."""
+        ids = self._signal_event_ids
+        if self.closed or not ids:
+            time.sleep(seconds)
+            return
+        self.event_waits += 1
+        try:
+            self._ioctl(abi.wait_events(ids, max(1, math.ceil(seconds * MS_PER_S))))
+        except OSError:  # the fd went away under a late waiter: poll
+            time.sleep(seconds)
 
     def _poll_fault_events(self) -> None:
         """WAIT_EVENTS with no wait on the fault events, at most every FAULT_POLL_S (each is an ioctl)."""
@@ -425,7 +463,8 @@ class AMDDevice(HCQDevice):
                 self._signal_pool()
             addr = self._signal_free.pop()
         kind = _MockSignal if self.mock is not None else Signal
-        sig = kind(value, address=addr, owner=self.name, name=name, compare_bits=32)
+        sig = kind(value, address=addr, owner=self.name, name=name, compare_bits=32,
+                   event_wait=self._event_wait if self.signal_event is not None else None)
         weakref.finalize(sig, self._free_signal, addr)
         return sig
 
@@ -523,12 +562,13 @@ class AMDDevice(HCQDevice):
             except OSError:
                 pass
         self._queue_ids.clear()
-        for eid in self._event_ids:
+        for eid in self._event_ids + self._signal_event_ids:
             try:
                 self._ioctl(abi.destroy_event(eid))
             except OSError:
                 pass
         self._event_ids.clear()
+        self._signal_event_ids.clear()
         for buf in list(self._buffers.values()):
             try:
                 self._release(buf)
@@ -576,6 +616,10 @@ class MockAMD:
         self.kfd.on_gpu_map = self._on_gpu_map
         self.kfd.on_queue = self._on_queue
         self.kfd.on_doorbell = self._on_doorbell
+        # interrupts the CP raised while it ran, delivered to the KFD after the CP lock is released (the KFD
+        # calls the hooks above with its own lock held: taking it under the CP lock could deadlock)
+        self._interrupts: list[int] = []
+        self.cp.on_interrupt = lambda queue, ctxid: self._interrupts.append(ctxid)
         self._thread = threading.Thread(target=self._run, name="mock AMD GPU", daemon=True)
         self._thread.start()
 
@@ -633,6 +677,14 @@ class MockAMD:
                         self.cp.run()
             except Exception as e:  # a CP fault (GPUFault, CPUnsupported) halts the GPU for the device
                 self.fault = e
+            finally:
+                self._deliver_interrupts()
+
+    def _deliver_interrupts(self) -> None:
+        with self.lock:
+            ctxids, self._interrupts = self._interrupts, []
+        for ctxid in ctxids:
+            self.kfd.interrupt(ctxid)
 
     def _blocked(self) -> bool:
         return any(q.blocked is not None for q in list(self.cp.queues))

@@ -25,7 +25,7 @@ import numpy as np
 from rawgrad.compiler.amdgpu_code import AMDCodeObject
 from rawgrad.compiler.ir import UOp, Variable
 from rawgrad.drivers.amd import pm4, regs, sdma
-from rawgrad.drivers.amd.regs import DataSel
+from rawgrad.drivers.amd.regs import DataSel, IntSel
 from rawgrad.hcq.device import HCQDevice
 from rawgrad.hcq.memory import ffi
 from rawgrad.hcq.program import Program
@@ -106,6 +106,15 @@ class AMDComputeQueue(_AMDQueue):
         addr: Value = signal.address
         words = pm4.release_mem(self.device.fam, addr=0, data_sel=DataSel.VALUE64, value=0)
         self._packet(words, {3: (addr, 0), 4: (addr, 32), 5: (value, 0), 6: (value, 32)})
+        event = self.device.signal_event
+        if event is not None and isinstance(addr, int):
+            # wake host waits (AMD-METAL-FACTS 1.4): the event's trigger data into its mailbox, then an
+            # interrupt carrying the event id once that write landed. A graph template's signals (symbolic
+            # addresses) skip it: the mailbox is this process's, and the host polls a replay's signal anyway.
+            self._emit(*pm4.release_mem(self.device.fam, addr=self.device.event_mailbox,
+                                        data_sel=DataSel.VALUE64, value=event.trigger_data,
+                                        int_sel=IntSel.INTERRUPT_AFTER_WRITE, ctxid=event.event_id,
+                                        writeback=False))
 
     def _timestamp(self, signal: Signal) -> None:
         addr: Value = signal.timestamp_address
@@ -298,6 +307,10 @@ class AMDCopyQueue(_AMDQueue):
     def _signal(self, signal: Signal, value: Value) -> None:
         addr: Value = signal.address
         self._packet(sdma.fence(self.device.fam, 0, 0), {1: (addr, 0), 2: (addr, 32), 3: (value, 0)})
+        event = self.device.signal_event
+        if event is not None and isinstance(addr, int):  # wake host waits: mailbox FENCE, then TRAP
+            self._emit(*sdma.fence(self.device.fam, self.device.event_mailbox, event.trigger_data),
+                       *sdma.trap(event.event_id))
 
     def _timestamp(self, signal: Signal) -> None:
         addr: Value = signal.timestamp_address

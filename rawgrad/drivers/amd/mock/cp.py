@@ -75,6 +75,7 @@ __all__ = ["CPUnsupported", "CommandProcessor", "DispatchRecord", "FakeClock", "
 U32 = 0xFFFFFFFF
 KERNARG_SNAPSHOT_VA = KERNARG_VA  # where the interpreter maps the dispatch's kernarg snapshot
 MAX_IB_DEPTH = 2  # ring -> IB1 -> IB2: the two indirect levels the model accepts; deeper is a fault
+INTERRUPTS_KEPT = 1024  # the `interrupts` record keeps at least this many of the latest (a test's window)
 DEFAULT_MAX_PACKETS = 1_000_000  # packets one run() may execute before the model calls it a runaway
 EXECUTED_ARCHS = ("gfx1100",)  # profiles whose machine code the model runs (the RDNA3 interpreter)
 # code-property bits for user SGPRs a PM4 dispatch cannot provide (no HSA dispatch packet or queue object)
@@ -557,6 +558,8 @@ class CommandProcessor:
 
     def _interrupt(self, q: _Queue, ctxid: int) -> None:
         self.interrupts.append((q.name, ctxid))
+        if len(self.interrupts) > 2 * INTERRUPTS_KEPT:  # a device interrupts after every signal: keep recent
+            del self.interrupts[:-INTERRUPTS_KEPT]
         if self.on_interrupt is not None:
             self.on_interrupt(q.name, ctxid)
 
