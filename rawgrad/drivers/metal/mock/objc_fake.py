@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import deque
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ MAX_THREADS_PER_THREADGROUP = 1024
 # MTLCommandBufferStatus (MTLCommandBuffer.h)
 STATUS_NOT_ENQUEUED, STATUS_ENQUEUED, STATUS_COMMITTED, STATUS_SCHEDULED, STATUS_COMPLETED = 0, 1, 2, 3, 4
 STATUS_ERROR = 5
+# Dispatches the runtime remembers for tests (`dispatches`); older ones are dropped.
+DISPATCH_HISTORY = 256
 # MTLCommandQueue's default maxCommandBufferCount (Apple, newCommandQueue: "64 uncompleted command buffers")
 DEFAULT_MAX_COMMAND_BUFFERS = 64
 # MTLCommandBufferError.MTLCommandBufferErrorInternal = 1 (MTLCommandBuffer.h): what the fake reports when a
@@ -702,6 +705,7 @@ class FakeCommandBuffer(FakeObject):
             dst.data[dst_off:dst_off + size] = src.data[src_off:src_off + size]
         elif kind == "icb":
             icb, start, length, resident = arg
+            self.rt.icb_runs += 1
             for k in range(start, start + length):
                 cmd = icb.commands.get(k)
                 if cmd is None or cmd.dispatch is None:
@@ -843,7 +847,9 @@ class FakeObjCRuntime:
         # setSignaledValue from another thread)
         self.lock = threading.RLock()
         self.queues: list[FakeCommandQueue] = []
-        self.dispatches: list[Dispatch] = []
+        # the last dispatches run, in order (bounded: each holds its buffers)
+        self.dispatches: deque[Dispatch] = deque(maxlen=DISPATCH_HISTORY)
+        self.icb_runs = 0  # executeCommandsInBuffer commands the fake GPU ran
         self.kernel_runner: Callable[[Dispatch], None] | None = None
         self.msl_compiler: Callable[[str], str | None] | None = None  # source -> error text or None
         self.faults: list[str] = []

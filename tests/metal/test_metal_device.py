@@ -1,0 +1,201 @@
+"""The Metal HCQ device on the mock runtime (DEV=METAL METAL_MOCK=1): tensors run through the bridge with the
+rendered MSL executed on the host, TinyJit replays as one command buffer executing an indirect command buffer
+(ICB), saved graphs load and replay in a fresh process, the ledger is balanced after close, and each fault
+the brief lists is a clear error."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rawgrad import Device, Tensor, TinyJit
+from rawgrad.drivers.metal.api import MTL_RESOURCE_STORAGE_SHARED, Method
+from rawgrad.drivers.metal.device import MetalDevice
+from rawgrad.drivers.metal.mock.gpu import MockMetalGPU
+from rawgrad.drivers.metal.mock.objc_fake import FakeObjCRuntime, MockObjCFault
+from rawgrad.drivers.metal.objc import ObjCError
+from rawgrad.hcq import DeviceTimeout
+
+SHORT_S = 0.2
+
+
+@pytest.fixture
+def metal(monkeypatch: pytest.MonkeyPatch) -> Iterator[MetalDevice]:
+    """The registry's METAL device on the mock; closed after the test with its ledger checked."""
+    monkeypatch.setenv("METAL_MOCK", "1")
+    Device.close("METAL")
+    dev = Device["METAL"]
+    assert isinstance(dev, MetalDevice)
+    rt = dev.objc.rt
+    assert isinstance(rt, FakeObjCRuntime)
+    yield dev
+    Device.close("METAL")
+    rt.assert_balanced()  # every buffer, event, pipeline, ICB and command buffer released, no fault
+
+
+@pytest.fixture
+def fresh() -> Iterator[MetalDevice]:
+    dev = MockMetalGPU().open("METAL", timeout_s=5.0)
+    yield dev
+    if not dev.closed:
+        dev.close()
+
+
+def test_tensor_ops_run_on_the_mock_and_the_ledger_balances(metal: MetalDevice) -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 40)).astype(np.float32), rng.standard_normal((8, 40)).astype(np.float32)
+    ta, tb = Tensor(a, device="METAL"), Tensor(b, device="METAL")
+    np.testing.assert_allclose((ta * tb + 1).relu().numpy(), np.maximum(a * b + 1, 0), rtol=1e-6)
+    np.testing.assert_allclose(ta.sum(1).numpy(), a.sum(1), rtol=1e-5, atol=1e-5)  # SIMD-group butterfly
+    np.testing.assert_allclose((ta @ tb.T).numpy(), a @ b.T, rtol=1e-5, atol=1e-5)
+    rt = metal.objc.rt
+    assert isinstance(rt, FakeObjCRuntime) and len(rt.dispatches) >= 3
+
+
+def test_tinyjit_replays_as_one_icb_command_buffer(metal: MetalDevice) -> None:
+    rt = metal.objc.rt
+    assert isinstance(rt, FakeObjCRuntime)
+    f = TinyJit(lambda x, y: ((x * 2 + y).relu() * 3).sum(1).contiguous())
+    rng = np.random.default_rng(1)
+    for k in range(4):
+        x = rng.standard_normal((4, 32)).astype(np.float32)
+        y = rng.standard_normal((4, 32)).astype(np.float32)
+        before = rt.icb_runs
+        got = f(Tensor(x, device="METAL"), Tensor(y, device="METAL")).numpy()
+        np.testing.assert_allclose(got, (np.maximum(x * 2 + y, 0) * 3).sum(1), rtol=1e-5, atol=1e-5)
+        if k >= 2:  # captured on the second call; later calls replay the ICB
+            assert rt.icb_runs > before, f"call {k} did not execute an indirect command buffer"
+
+
+def test_a_symbolic_jit_replay_patches_sizes_and_scalars(metal: MetalDevice) -> None:
+    from rawgrad.compiler.ir import Variable
+    n = Variable("metal_test.n", 1, 64)
+    f = TinyJit(lambda x, k: (x[:k] * 2 + 1).contiguous())
+    base = np.arange(64, dtype=np.float32)
+    x = Tensor(base, device="METAL").realize()
+    for size in (5, 9, 30, 64, 3):
+        got = f(x, n.bind(size))
+        np.testing.assert_array_equal(got.numpy()[:size], base[:size] * 2 + 1)
+
+
+def test_saved_graph_loads_and_replays_in_a_fresh_process(metal: MetalDevice, tmp_path: Path) -> None:
+    f = TinyJit(lambda x: (x * 3 + 1).exp2().contiguous())
+    a = np.linspace(-2, 2, 48, dtype=np.float32)
+    for k in range(3):
+        np.testing.assert_allclose(f(Tensor(a + k, device="METAL")).numpy(), np.exp2((a + k) * 3 + 1), rtol=1e-6)
+    path = tmp_path / "metal.rgjit"
+    f.save(str(path))
+    eager = (Tensor(a - 0.5, device="METAL") * 3 + 1).exp2().numpy()
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from rawgrad import Device, Tensor, TinyJit
+        g = TinyJit.load({str(path)!r})
+        a = np.linspace(-2, 2, 48, dtype=np.float32)
+        out = g(Tensor(a - 0.5, device="METAL")).numpy()
+        rt = Device["METAL"].objc.rt
+        assert rt.icb_runs >= 1, "the loaded graph did not replay as an ICB"
+        np.save({str(tmp_path / 'out.npy')!r}, out)
+        Device.close("METAL")
+        rt.assert_balanced()
+    """)
+    env = dict(os.environ, DEV="METAL", METAL_MOCK="1")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), eager)
+
+
+# ------------------------------------------------------------------------------ faults
+def test_unknown_selector_is_refused_by_the_table_and_by_the_runtime(fresh: MetalDevice) -> None:
+    with pytest.raises(KeyError, match="'frobnicate' is not in the Metal method table"):
+        fresh.objc.send(fresh.dev, "frobnicate")
+    with pytest.raises(MockObjCFault, match=r"-\[MTLDevice frobnicate\]: unrecognized selector"):
+        fresh.objc._send(Method("frobnicate", "void"), fresh.dev, ())
+
+
+def test_a_prototype_mismatch_is_caught(fresh: MetalDevice) -> None:
+    with pytest.raises(MockObjCFault, match="called through prototype"):  # the event takes a uint64_t
+        fresh.objc._send(Method("setSignaledValue:", "void", ("uint32_t",)), fresh.timeline_signal.address, (1,))
+    fresh.objc.rt.faults.clear()  # (recorded as well; this test made it on purpose)
+
+
+def test_a_leaked_object_fails_the_ledger() -> None:
+    gpu = MockMetalGPU()
+    dev = gpu.open("METAL", timeout_s=5.0)
+    stray = dev.objc.new(dev.dev, "newBufferWithLength:options:", 64, MTL_RESOURCE_STORAGE_SHARED)
+    dev.close()
+    with pytest.raises(MockObjCFault, match=r"1 object\(s\) leaked: <MTLBuffer"):
+        gpu.rt.assert_balanced()
+    stray.release()
+    gpu.rt.assert_balanced()
+
+
+def test_a_wait_that_never_completes_times_out_naming_the_signal(fresh: MetalDevice) -> None:
+    gate = fresh.new_signal(0, name="gate")
+    with pytest.raises(DeviceTimeout, match="gate >= 1"):
+        gate.wait(1, SHORT_S)
+    value, q = fresh.timeline_submit(lambda q: q.wait(gate, 1))
+    with pytest.raises(DeviceTimeout, match="synchronize timed out"):
+        fresh.synchronize(SHORT_S)
+    gate.value = 1
+    fresh.synchronize(5.0)
+    assert fresh.timeline_signal.value == value
+
+
+def test_msl_that_does_not_compile_is_a_clear_error(fresh: MetalDevice) -> None:
+    bad = b"#include <metal_stdlib>\nkernel void k(device float* buf0 [[buffer(0)]]) { buf0[0] = nope; }\n"
+    with pytest.raises(ObjCError, match="(?s)newLibraryWithSource.*Compilation failed.*nope.*NSError code 3"):
+        fresh.program("k", bad)
+
+
+def test_a_full_command_buffer_window_times_out_naming_the_queue() -> None:
+    dev = MockMetalGPU().open("METAL", timeout_s=SHORT_S, max_command_buffers=2)
+    try:
+        gate = dev.new_signal(0, name="gate")
+        dev.timeline_submit(lambda q: q.wait(gate, 1))
+        dev.timeline_submit()
+        with pytest.raises(DeviceTimeout, match="command buffer window full"):
+            dev.timeline_submit()
+        gate.value = 1
+        dev.synchronize(5.0)
+    finally:
+        dev.close()
+
+
+def test_icb_commands_must_have_their_buffers_made_resident(fresh: MetalDevice) -> None:
+    """Apple: an ICB's commands reach only resources the executing encoder declared with useResource."""
+    objc = fresh.objc
+    buf = fresh.alloc_buffer(64)
+    src = (b"#include <metal_stdlib>\nusing namespace metal;\nkernel void one(device float* buf0 [[buffer(0)]], "
+           b"uint lid [[thread_index_in_threadgroup]]) { buf0[lid] = 1.0f; }\n")
+    prog = fresh.program("one", src)
+    icb = fresh.new_icb(1, 1)
+    cmd = objc.send(icb, "indirectComputeCommandAtIndex:", 0)
+    objc.send(cmd, "setComputePipelineState:", prog.pipeline)
+    objc.send(cmd, "setKernelBuffer:offset:atIndex:", buf.ref, 0, 0)
+    objc.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", (1, 1, 1), (4, 1, 1))
+    with objc.autorelease_pool():
+        cb = objc.send(fresh.queue_ref, "commandBuffer")
+        enc = objc.send(cb, "computeCommandEncoder")
+        objc.send(enc, "executeCommandsInBuffer:withRange:", icb, (0, 1))  # no useResource
+        objc.send(enc, "endEncoding")
+        with pytest.raises(MockObjCFault, match="not made resident with useResource"):
+            objc.send(cb, "commit")
+    fresh.objc.rt.faults.clear()
+
+
+def test_a_kernel_fault_fails_its_command_buffer_and_the_device(fresh: MetalDevice) -> None:
+    src = (b"#include <metal_stdlib>\nusing namespace metal;\nkernel void uneven(device float* buf0 [[buffer(0)]], "
+           b"uint lid [[thread_index_in_threadgroup]]) {\n  if (lid < 3u) "
+           b"threadgroup_barrier(mem_flags::mem_threadgroup);\n  buf0[lid] = 1.0f;\n}\n")
+    prog = fresh.program("uneven", src)
+    buf = fresh.allocator.alloc(64)
+    fresh.timeline_submit(lambda q: q.exec(prog, [buf], (8, 1, 1), (8, 1, 1)))
+    from rawgrad.hcq import DeviceFault
+    with pytest.raises(DeviceFault, match="barrier mismatch in threadgroup 0: lane 3"):
+        fresh.synchronize(5.0)
