@@ -88,7 +88,8 @@ def test_saved_graph_loads_and_replays_in_a_fresh_process(metal: MetalDevice, tm
     f = TinyJit(lambda x: (x * 3 + 1).exp2().contiguous())
     a = np.linspace(-2, 2, 48, dtype=np.float32)
     for k in range(3):
-        np.testing.assert_allclose(f(Tensor(a + k, device="METAL")).numpy(), np.exp2((a + k) * 3 + 1), rtol=1e-6)
+        got = f(Tensor(a + k, device="METAL")).numpy()
+        np.testing.assert_allclose(got, np.exp2((a + k) * 3 + 1), rtol=1e-6)
     path = tmp_path / "metal.rgjit"
     f.save(str(path))
     eager = (Tensor(a - 0.5, device="METAL") * 3 + 1).exp2().numpy()
@@ -105,7 +106,8 @@ def test_saved_graph_loads_and_replays_in_a_fresh_process(metal: MetalDevice, tm
         rt.assert_balanced()
     """)
     env = dict(os.environ, DEV="METAL", METAL_MOCK="1")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), eager)
 
@@ -120,7 +122,8 @@ def test_unknown_selector_is_refused_by_the_table_and_by_the_runtime(fresh: Meta
 
 def test_a_prototype_mismatch_is_caught(fresh: MetalDevice) -> None:
     with pytest.raises(MockObjCFault, match="called through prototype"):  # the event takes a uint64_t
-        fresh.objc._send(Method("setSignaledValue:", "void", ("uint32_t",)), fresh.timeline_signal.address, (1,))
+        fresh.objc._send(Method("setSignaledValue:", "void", ("uint32_t",)), fresh.timeline_signal.address,
+                         (1,))
     fresh.objc.rt.faults.clear()  # (recorded as well; this test made it on purpose)
 
 
@@ -171,8 +174,8 @@ def test_icb_commands_must_have_their_buffers_made_resident(fresh: MetalDevice) 
     """Apple: an ICB's commands reach only resources the executing encoder declared with useResource."""
     objc = fresh.objc
     buf = fresh.alloc_buffer(64)
-    src = (b"#include <metal_stdlib>\nusing namespace metal;\nkernel void one(device float* buf0 [[buffer(0)]], "
-           b"uint lid [[thread_index_in_threadgroup]]) { buf0[lid] = 1.0f; }\n")
+    src = (b"#include <metal_stdlib>\nusing namespace metal;\n"
+           b"kernel void one(device float* buf0 [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) { buf0[lid] = 1.0f; }\n")
     prog = fresh.program("one", src)
     icb = fresh.new_icb(1, 1)
     cmd = objc.send(icb, "indirectComputeCommandAtIndex:", 0)
@@ -190,8 +193,8 @@ def test_icb_commands_must_have_their_buffers_made_resident(fresh: MetalDevice) 
 
 
 def test_a_kernel_fault_fails_its_command_buffer_and_the_device(fresh: MetalDevice) -> None:
-    src = (b"#include <metal_stdlib>\nusing namespace metal;\nkernel void uneven(device float* buf0 [[buffer(0)]], "
-           b"uint lid [[thread_index_in_threadgroup]]) {\n  if (lid < 3u) "
+    src = (b"#include <metal_stdlib>\nusing namespace metal;\n"
+           b"kernel void uneven(device float* buf0 [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) {\n  if (lid < 3u) "
            b"threadgroup_barrier(mem_flags::mem_threadgroup);\n  buf0[lid] = 1.0f;\n}\n")
     prog = fresh.program("uneven", src)
     buf = fresh.allocator.alloc(64)

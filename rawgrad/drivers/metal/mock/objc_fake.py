@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
