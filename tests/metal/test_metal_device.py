@@ -175,7 +175,8 @@ def test_icb_commands_must_have_their_buffers_made_resident(fresh: MetalDevice) 
     objc = fresh.objc
     buf = fresh.alloc_buffer(64)
     src = (b"#include <metal_stdlib>\nusing namespace metal;\n"
-           b"kernel void one(device float* buf0 [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) { buf0[lid] = 1.0f; }\n")
+           b"kernel void one(device float* buf0 [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) "
+           b"{ buf0[lid] = 1.0f; }\n")
     prog = fresh.program("one", src)
     icb = fresh.new_icb(1, 1)
     cmd = objc.send(icb, "indirectComputeCommandAtIndex:", 0)
@@ -194,8 +195,8 @@ def test_icb_commands_must_have_their_buffers_made_resident(fresh: MetalDevice) 
 
 def test_a_kernel_fault_fails_its_command_buffer_and_the_device(fresh: MetalDevice) -> None:
     src = (b"#include <metal_stdlib>\nusing namespace metal;\n"
-           b"kernel void uneven(device float* buf0 [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) {\n  if (lid < 3u) "
-           b"threadgroup_barrier(mem_flags::mem_threadgroup);\n  buf0[lid] = 1.0f;\n}\n")
+           b"kernel void uneven(device float* buf0 [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) "
+           b"{\n  if (lid < 3u) threadgroup_barrier(mem_flags::mem_threadgroup);\n  buf0[lid] = 1.0f;\n}\n")
     prog = fresh.program("uneven", src)
     buf = fresh.allocator.alloc(64)
     fresh.timeline_submit(lambda q: q.exec(prog, [buf], (8, 1, 1), (8, 1, 1)))
