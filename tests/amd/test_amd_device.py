@@ -412,3 +412,83 @@ def test_a_kfd_without_free_event_slots_falls_back_to_polling(mock: MockAMD,
         assert s.value == 2
     finally:
         dev.close()
+
+
+# -- broken encodings caught end to end: a Tensor computed on DEV=AMD (the registry's mock device), with one
+# piece of the driver's encoding broken by the test; the mock must report the exact field, never compute.
+@pytest.fixture
+def amd_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The registry's "AMD" device on the mock, opened fresh for the test and closed after it."""
+    from rawgrad import Device
+    monkeypatch.setenv("AMD_MOCK", "1")
+    Device.close("AMD")
+    yield "AMD"
+    Device.close("AMD")
+
+
+def _tensor_work(device: str) -> np.ndarray:
+    x = np.arange(N, dtype=np.float32)
+    return (Tensor(x, device=device) * 3 + 1).numpy()
+
+
+def test_tensor_with_a_wrong_rsrc2_is_a_device_fault(amd_registry: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from rawgrad.drivers.amd import queues
+    real = pm4.encode_dispatch
+
+    def wrong_rsrc2(*args: object, **kwargs: object) -> pm4.DispatchPackets:
+        d = real(*args, **kwargs)  # type: ignore[arg-type]
+        d.words[d.patch["rsrc2"]] ^= 1 << 7  # ENABLE_SGPR_WORKGROUP_ID_X off: the kernel's ids would be 0
+        return d
+
+    monkeypatch.setattr(queues.pm4, "encode_dispatch", wrong_rsrc2)
+    with pytest.raises(DeviceFault, match=r"COMPUTE_PGM_RSRC2.*bits 0x80 differ"):
+        _tensor_work(amd_registry)
+
+
+def test_tensor_whose_signal_lost_its_release_mem_times_out_saying_why(
+        amd_registry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rawgrad.drivers.amd import device as amd_device
+    monkeypatch.setattr(amd_device, "MOCK_TIMEOUT_SCALE", 0.02)  # the default 30 s wait lasts 0.6 s here
+    monkeypatch.setattr(AMDComputeQueue, "_signal", lambda self, signal, value: None)  # no RELEASE_MEM
+    with pytest.raises(DeviceTimeout, match=r"timed out after 0.6 s.*idle.*no RELEASE_MEM or FENCE has "
+                                            r"written the timeline signal"):
+        _tensor_work(amd_registry)
+
+
+def test_tensor_whose_kernarg_segment_is_smaller_than_the_descriptor_says(
+        amd_registry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the descriptor in GPU memory asks for a 1 MiB kernarg segment; the driver laid out the real (small) one
+    # at the end of its ring's data region, so the pointer does not map what the descriptor demands
+    import dataclasses
+
+    from rawgrad.drivers.amd import device as amd_device
+    real = amd_device.load_code_object
+    huge = 1 << 20
+
+    def bigger_kernarg(lib: bytes, arch: str, kernel: str | None = None) -> object:
+        co = real(lib, arch, kernel=kernel)
+        image = bytearray(co.image)
+        image[co.kd_offset + 8:co.kd_offset + 12] = huge.to_bytes(4, "little")  # kernarg_size@8 (AMDGPUUsage)
+        return dataclasses.replace(co, image=bytes(image))
+
+    monkeypatch.setattr(amd_device, "load_code_object", bigger_kernarg)
+    with pytest.raises(DeviceFault, match=rf"COMPUTE_USER_DATA_0/1 \(kernarg pointer\).*does not map the "
+                                          rf"{huge}-byte kernarg segment"):
+        _tensor_work(amd_registry)
+
+
+def test_tensor_reading_an_unmapped_address_is_a_device_fault(amd_registry: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # a kernel argument (the input buffer's pointer) replaced by a page nothing maps: the kernel's load faults
+    real = AMDComputeQueue._kernargs
+    bad = 0x7000_0000
+
+    def unmapped_input(self: AMDComputeQueue, co: object, args: list[object]) -> int:
+        if len(args) >= 2 and isinstance(args[1], int):
+            args = [args[0], bad, *args[2:]]
+        return real(self, co, args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AMDComputeQueue, "_kernargs", unmapped_input)
+    with pytest.raises(DeviceFault, match=rf"GPU fault.*{bad:#x}"):
+        _tensor_work(amd_registry)

@@ -537,8 +537,11 @@ class AMDDevice(HCQDevice):
         try:
             super().synchronize(timeout_s)
         except DeviceTimeout as e:  # say where the rings and the CP stand
+            detail = self.progress_report()
+            if self.mock is not None:
+                detail += "; " + self.mock.signal_history(self.timeline_signal.address, "the timeline signal")
             raise DeviceTimeout(e.device, e.queue, e.signal, e.expected, e.current, e.timeout_s,
-                                self.progress_report()) from None
+                                detail) from None
         self.reap()
 
     def close(self) -> None:
@@ -692,6 +695,14 @@ class MockAMD:
     def status(self) -> str:
         with self.lock:
             return "; ".join(q.status() for q in self.cp.queues) or "no CP queues"
+
+    def signal_history(self, addr: int, what: str) -> str:
+        """What the CP last wrote to a signal (why a wait on it may never end: no packet wrote it)."""
+        with self.lock:
+            last = self.cp.signal_writes.get(addr)
+        if last is None:
+            return f"no RELEASE_MEM or FENCE has written {what} at {addr:#x}"
+        return f"the last RELEASE_MEM or FENCE to {what} at {addr:#x} wrote {last & 0xFFFFFFFF}"
 
     def shutdown(self) -> None:
         with self._wake:
