@@ -118,3 +118,63 @@ def test_every_table_valu_mnemonic_has_semantics() -> None:
     valu = sorted({mnemonic_base(m) for (fmt, _), m in OPTABLE.items()
                    if fmt in ("VOP1", "VOP2", "VOPC", "VOP3", "VOP3P", "VOPDX", "VOPDY")})
     assert valu and [b for b in valu if not interp._semantics_known(b)] == []
+
+
+def _exact_fma(a: float, b: float, c: float) -> float:
+    """a*b + c rounded once (Fraction arithmetic; an exact zero takes IEEE's sign rule)."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:
+        return a * b + c if a * b != 0 or c != 0 else (-0.0 if np.signbit(a * b) and np.signbit(c) else 0.0)
+    try:
+        return float(exact)
+    except OverflowError:
+        return np.inf if exact > 0 else -np.inf
+
+
+def _nearest_f32(exact: Fraction) -> np.float32:
+    """The float32 nearest to an exact (finite, in range) value, ties to even: no detour through float64."""
+    guess = np.float32(float(exact))
+    around = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+    return min(around, key=lambda f: (abs(Fraction(float(f)) - exact), int(np.array(f).view(np.uint32)) & 1))
+
+
+def test_fma32_round_to_odd_with_a_tiny_addend() -> None:
+    # (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 is a float32 tie; + 2^-80 must round it up. The float64 sum rounds
+    # the addend away (|err| < half an ulp), so only the error's sign can steer the round-to-odd step.
+    a = np.array([1 + 2**-12, -(1 + 2**-12)], np.float32)
+    c = np.array([2.0**-80, -(2.0**-80)], np.float32)
+    got = interp._fma32(a, np.abs(a), c)
+    want = np.array([_nearest_f32(Fraction(float(x)) * abs(Fraction(float(x))) + Fraction(float(z)))
+                     for x, z in zip(a, c)], np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert got[0] == np.float32(1 + 2**-11 + 2**-23)
+
+
+def test_fma64_is_rounded_once() -> None:
+    rng = np.random.default_rng(3)
+    n = 3000
+
+    def rnd(lo: int, hi: int) -> np.ndarray:
+        return np.ldexp(rng.uniform(1, 2, n), rng.integers(lo, hi, n)) * rng.choice([-1, 1], n)
+    cases = []
+    for lo, hi in ((-1074, 1000), (-40, 40), (-1074, -900)):
+        a, b, c = rnd(lo, hi), rnd(lo, hi), rnd(lo, hi)
+        with np.errstate(all="ignore"):
+            c[::3] = -(a[::3] * b[::3])  # cancellation: the result is the product's rounding error
+            b[1::3] = np.round(b[1::3] * 2**20) / 2**20  # short mantissas: exact ties
+        cases.append((a, b, c))
+    # signed zeros, infinities, NaN, an exact product beyond the largest double, a product that underflows
+    cases.append((np.array([0.0, 2.0, -0.0, np.inf, 1.0, 1e308, 1e308, 2.0**-600]),
+                  np.array([-1.0, 3.0, 5.0, 0.0, np.inf, 10.0, 10.0, -(2.0**-600)]),
+                  np.array([-0.0, -6.0, -0.0, 1.0, -np.inf, -np.inf, -1e308, 0.0])))
+    for a, b, c in cases:
+        ok = np.isfinite(a) & np.isfinite(b) & np.isfinite(c) if len(a) == n else np.ones(len(a), bool)
+        a, b, c = a[ok], b[ok], c[ok]
+        got = interp._fma64(a, b, c)
+        with np.errstate(all="ignore"):
+            want = np.array([_exact_fma(float(x), float(y), float(z)) if np.isfinite([x, y, z]).all()
+                             else float(x) * float(y) + float(z) if not np.isfinite([x, y]).all()
+                             else float(z) for x, y, z in zip(a, b, c)])
+        same = (got == want) & (np.signbit(got) == np.signbit(want)) | (np.isnan(got) & np.isnan(want))
+        bad = zip(a[~same], b[~same], c[~same], got[~same], want[~same])
+        assert same.all(), [tuple(v.hex() for v in row) for row in bad][:3]

@@ -408,6 +408,24 @@ def _flush(x: np.ndarray, mode: int, inputs: bool) -> np.ndarray:
     return np.where((np.abs(x) < tiny) & (x != 0), np.copysign(np.zeros_like(x), x), x)
 
 
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(s, e) with s = a + b rounded and s + e == a + b exactly (Knuth's TwoSum; finite inputs)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _round_odd_fix(s: np.ndarray, err: np.ndarray) -> np.ndarray:
+    """s + err (s the rounded sum, err its exact error) rounded to odd: where the sum was inexact and s is
+    even, step s one ulp toward err. The direction is err's sign, not s + err (which rounds back to s
+    whenever |err| is below half an ulp of s)."""
+    bits = s.view(np.uint64) if s.flags.c_contiguous else np.ascontiguousarray(s).view(np.uint64)
+    fix = np.isfinite(s) & (err != 0) & ((bits & np.uint64(1)) == 0)
+    if not fix.any():
+        return s
+    return np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+
+
 def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: Any = np.float32) -> np.ndarray:
     """Fused multiply-add rounded once to float32 (or float16): the product of two such floats is exact in
     float64; the sum is computed in float64 rounded to odd (its exact error decides the last bit), which makes
@@ -418,13 +436,8 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: Any = np.float32) -
     p = np.broadcast_to(p, shape)
     c64 = np.broadcast_to(c.astype(np.float64), shape)
     with np.errstate(invalid="ignore", over="ignore"):
-        s = p + c64
-        bb = s - p
-        err = (p - (s - bb)) + (c64 - bb)
-        bits = s.view(np.uint64) if s.flags.c_contiguous else np.ascontiguousarray(s).view(np.uint64)
-        fix = np.isfinite(s) & (err != 0) & ((bits & np.uint64(1)) == 0)
-        s = np.where(fix, np.nextafter(s, s + err), s)
-        return s.astype(out)
+        s, err = _two_sum(p, c64)
+        return _round_odd_fix(s, err).astype(out)
 
 
 def _fmax(a: Any, b: Any) -> np.ndarray:
@@ -548,24 +561,43 @@ def _cmp_class(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return ((mask.astype(np.uint32) >> cls) & np.uint32(1)).astype(bool)
 
 
+# _fma64's fast path needs Dekker's product error and the sums below to be exact: no factor big enough for
+# the Veltkamp split to overflow, no product or sum near the subnormal range or near overflow
+_FMA64_BIG, _FMA64_TINY = 2.0**990, 2.0**-960
+
+
 def _fma64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Fused multiply-add rounded once to float64. Where Dekker's exact product shows a*b is representable,
-    a*b + c is one rounding already; elsewhere the exact sum is formed as a Fraction (CPython rounds
-    int / int correctly)."""
+    """Fused multiply-add rounded once to float64 (Boldo & Melquiond, "Emulation of FMA and correctly rounded
+    sums: proved algorithms using rounding to odd", IEEE TC 2008): a*b = uh + ul exactly (Dekker), c + uh =
+    th + tl exactly (TwoSum), v = tl + ul rounded to odd, result = th + v rounded to nearest. Inputs outside
+    the range where those steps are exact (see _FMA64_BIG/_TINY) and non-finite ones take the exact sum as a
+    Fraction (CPython rounds int / int correctly)."""
     a, b, c = (np.asarray(v, np.float64) for v in np.broadcast_arrays(a, b, c))
     with np.errstate(all="ignore"):
-        p = a * b
+        uh = a * b
         split = 134217729.0  # 2^27 + 1: Veltkamp split of a double into two 26-bit halves
         ah = a * split - (a * split - a)
         bh = b * split - (b * split - b)
         al, bl = a - ah, b - bh
-        err = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-        out = p + c
-    slow = np.isfinite(a) & np.isfinite(b) & np.isfinite(c) & np.isfinite(p) & ~(err == 0)
+        ul = ((ah * bh - uh) + ah * bl + al * bh) + al * bl
+        th, tl = _two_sum(c, uh)
+        v = _round_odd_fix(*_two_sum(tl, ul))
+        out = np.where(v == 0, th, th + v)  # th + 0 would turn a -0 sum into +0
+        mag_uh, mag_th = np.abs(uh), np.abs(th)
+        slow = ~(np.isfinite(a) & np.isfinite(b) & np.isfinite(c)) | (np.abs(a) >= _FMA64_BIG) \
+            | (np.abs(b) >= _FMA64_BIG) | ((mag_uh < _FMA64_TINY) & (a != 0) & (b != 0)) \
+            | ~(mag_uh < _FMA64_BIG) | ~(mag_th < _FMA64_BIG)
     for idx in zip(*np.nonzero(slow)):
-        exact = Fraction(float(a[idx])) * Fraction(float(b[idx])) + Fraction(float(c[idx]))
+        x, y, z = float(a[idx]), float(b[idx]), float(c[idx])
+        if not (np.isfinite(x) and np.isfinite(y)):
+            out[idx] = x * y + z  # an infinite or NaN product: IEEE arithmetic on it is exact
+            continue
+        if not np.isfinite(z):
+            out[idx] = z  # a finite product (exact, never rounded to inf) plus inf or NaN
+            continue
+        exact = Fraction(x) * Fraction(y) + Fraction(z)
         try:
-            out[idx] = float(exact) if exact != 0 else p[idx] + c[idx]
+            out[idx] = float(exact) if exact != 0 else x * y + z
         except OverflowError:
             out[idx] = np.inf if exact > 0 else -np.inf
     return out
