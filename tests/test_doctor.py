@@ -38,7 +38,7 @@ def test_machine_without_gpu_reports_missing_nodes_and_exits_0(monkeypatch: pyte
     monkeypatch.delenv("NV_MOCK", raising=False)
     assert cli_main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "MOCK" not in out
+    assert "*** MOCK" not in out  # no mock banner (NV or AMD)
     for node in ("/dev/nvidiactl missing", "/dev/nvidia0 missing", "/dev/nvidia-uvm missing"):
         assert node in out
     assert "no NVIDIA kernel driver on this machine" in out
@@ -261,3 +261,80 @@ def test_proc_version_flavour() -> None:
     assert doctor.parse_proc_version(open_line) == ("580.159.04", "open")
     prop = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
     assert doctor.parse_proc_version(prop) == ("535.104.05", "proprietary")
+
+
+# -- AMD (KFD): the section explains each way the AMD path fails here, and says AMD is verified on a mock only
+def _amd_findings(report: doctor.DoctorReport) -> dict[str, doctor.Finding]:
+    return {f.check: f for f in report.findings if f.section == doctor.AMD_SECTION}
+
+
+class _AMDWrapper:
+    """The mock KFD with one thing changed: `/dev/kfd` missing, or its open refused."""
+
+    def __init__(self, kfd: Any, *, missing: bool = False, deny: bool = False) -> None:
+        self.kfd, self.missing, self.deny = kfd, missing, deny
+
+    def exists(self, path: str) -> bool:
+        from rawgrad.drivers.amd.topology import KFD_PATH
+        return False if self.missing and path == KFD_PATH else bool(self.kfd.exists(path))
+
+    def open(self, path: str, flags: int) -> int:
+        from rawgrad.drivers.amd.topology import KFD_PATH
+        if self.deny and path == KFD_PATH:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return int(self.kfd.open(path, flags))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kfd, name)
+
+
+def test_amd_without_dev_kfd_is_a_skip_and_the_path_says_why() -> None:
+    from rawgrad.drivers.amd.mock.kfd import MockKFD
+    report = diagnose(amd_os=_AMDWrapper(MockKFD(), missing=True), amd_mock=False)
+    got = _amd_findings(report)
+    assert got["/dev/kfd"].status is Status.SKIP and "no amdgpu kernel driver" in got["/dev/kfd"].message
+    assert not report.path("AMD").works and "/dev/kfd is missing" in report.path("AMD").reason
+    assert got["verified"].status is Status.WARN and "no real AMD GPU has run" in got["verified"].message
+    assert "no real AMD GPU has run" in render(report) and "MOCK AMD GPU" not in render(report)
+
+
+def test_amd_permission_denied_names_the_render_group() -> None:
+    from rawgrad.drivers.amd.mock.kfd import MockKFD
+    report = diagnose(amd_os=_AMDWrapper(MockKFD(), deny=True), amd_mock=False)
+    f = _amd_findings(report)["/dev/kfd"]
+    assert f.status is Status.FAIL and "EACCES" in f.message and "'render' group" in f.message
+    assert not report.path("AMD").works and report.exit_code == 1
+
+
+def test_amd_kfd_too_old_is_a_failure_naming_both_versions() -> None:
+    from rawgrad.drivers.amd.mock.kfd import MockKFD
+    report = diagnose(amd_os=MockKFD(version=(1, 9)), amd_mock=False)
+    f = _amd_findings(report)["KFD version"]
+    assert f.status is Status.FAIL and "KFD 1.9 is too old" in f.message and "1.11" in f.message
+    assert "GPU node 1" not in _amd_findings(report)  # nothing after the version check ran
+
+
+def test_amd_unsupported_gfx_from_the_topology() -> None:
+    import dataclasses
+
+    from rawgrad.drivers.amd.mock.kfd import GFX1100, MockKFD
+    props = tuple((k, 100300 if k == "gfx_target_version" else v) for k, v in GFX1100.properties)  # gfx1030
+    navi21 = dataclasses.replace(GFX1100, label="gfx1030 (RX 6900 XT, mock)", properties=props)
+    report = diagnose(amd_os=MockKFD(navi21), amd_mock=False)
+    got = _amd_findings(report)
+    node = got["GPU node 1"]
+    assert node.status is Status.WARN and "gfx1030" in node.message
+    assert "unsupported gfx target" in node.message
+    assert got["supported GPU"].status is Status.FAIL and "found gfx1030" in got["supported GPU"].message
+    assert "gfx1100, gfx942" in report.path("AMD").reason
+
+
+def test_amd_mock_brings_up_runs_a_kernel_and_says_it_is_the_mock(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AMD_MOCK", "1")
+    assert cli_main(["doctor"]) in (0, 1)  # the NV section's verdict depends on this machine
+    out = capsys.readouterr().out
+    assert "MOCK AMD GPU (AMD_MOCK=1)" in out and "no real AMD GPU has run rawgrad" in out
+    assert "KFD version      1.17" in out and "gfx1100, 96 CUs, wave32" in out
+    assert "the copy kernel ran on the RDNA3 interpreter" in out
+    assert "AMD  yes  mock KFD: bring-up OK and a kernel ran on the RDNA3 interpreter (not hardware)" in out

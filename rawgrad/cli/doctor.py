@@ -15,6 +15,12 @@ control surface rawgrad speaks, derived from ``abi.py``'s tables and marked with
 
 ``NV_MOCK=1`` runs the NV checks over the mock kernel driver (:class:`~rawgrad.drivers.nv.mock.MockNV`)
 and says so at the top of the report.
+
+The AMD section (KFD): ``/dev/kfd`` present and openable (permissions: the render group), GET_VERSION against
+the oldest KFD rawgrad speaks, the GPU nodes of the sysfs topology and whether rawgrad has a target for each
+gfx, the render node, then a full :class:`~rawgrad.drivers.amd.device.AMDDevice` bring-up closed right
+after. ``AMD_MOCK=1`` runs it over the mock KFD and command processor (a kernel then runs on the RDNA3
+interpreter). **AMD is verified on a mock only: no real AMD GPU has run rawgrad**, and the report says so.
 """
 
 from __future__ import annotations
@@ -124,7 +130,7 @@ class GPUInfo:
 
 @dataclass(frozen=True)
 class PathVerdict:
-    device: str  # "CPU" | "NV"
+    device: str  # "CPU" | "NV" | "AMD"
     works: bool
     reason: str
 
@@ -155,6 +161,7 @@ class SandboxInfo:
 class DoctorReport:
     findings: list[Finding] = field(default_factory=list)
     mock: bool = False
+    amd_mock: bool = False  # the AMD checks ran over the mock KFD (AMD_MOCK=1)
     mock_profile: str | None = None
     driver_version: str | None = None  # from NV_ESC_CHECK_VERSION_STR
     module_version: str | None = None  # from /proc/driver/nvidia/version
@@ -772,13 +779,16 @@ def _mock_os(profile: str) -> Any:
 
 
 def diagnose(os_iface: OSInterface | None = None, *, mock: bool | None = None,
-             sandbox: SandboxInfo | None = None) -> DoctorReport:
+             sandbox: SandboxInfo | None = None, amd_os: Any = None,
+             amd_mock: bool | None = None) -> DoctorReport:
     """Run every check and return the report.
 
     ``os_iface``: the OS seam the NV checks use; by default the real libc one, or (NV_MOCK=1, or
     ``mock=True``) a fresh :class:`MockNV` for ``NV_MOCK_PROFILE`` that is shut down again here. A given
     ``os_iface`` counts as the mock when it is a MockNV, unless ``mock`` says otherwise (e.g. a wrapper
-    around one). ``sandbox``: precomputed sandbox markers (default: :func:`detect_sandbox`)."""
+    around one). ``sandbox``: precomputed sandbox markers (default: :func:`detect_sandbox`). ``amd_os``: the
+    OS seam of the AMD checks (default: libc, or with AMD_MOCK=1 / ``amd_mock=True`` a fresh mock AMD GPU);
+    a given ``amd_os`` is a mock unless ``amd_mock=False``."""
     if os_iface is None:
         use_mock = config.NV_MOCK() if mock is None else mock
     else:
@@ -802,6 +812,7 @@ def diagnose(os_iface: OSInterface | None = None, *, mock: bool | None = None,
         _check_sandbox(d)
         _check_bringup(d, base)
         _check_assembler(d)
+        _check_amd(report, amd_os, amd_mock)
         nv_ok = d.bringup_ok and d.nv_blocker is None
         if nv_ok and use_mock:
             why = "mock driver: bring-up OK; kernels would run in the mock's PTX interpreter"
@@ -809,7 +820,7 @@ def diagnose(os_iface: OSInterface | None = None, *, mock: bool | None = None,
             why = f"{report.gpu.name if report.gpu else 'GPU'} brought up and closed again cleanly"
         else:
             why = d.nv_blocker or "bring-up did not complete"
-        report.paths.append(PathVerdict("NV", nv_ok, why))
+        report.paths.insert(1, PathVerdict("NV", nv_ok, why))
         report.abi_branch = d.branch or sorted(abi.LAYOUTS)[0]
         report.abi_surface = abi_surface(report.issued, report.abi_branch)
     except Exception as e:  # an error outside every check's guard: still return what was found
@@ -818,6 +829,151 @@ def diagnose(os_iface: OSInterface | None = None, *, mock: bool | None = None,
         if owned is not None:
             owned.shutdown()
     return report
+
+
+# ------------------------------------------------------------------------------------------------ AMD
+AMD_SECTION = "AMD GPU (KFD)"
+AMD_VERIFIED = ("AMD support is verified on a mock KFD + command processor only: no real AMD GPU has run "
+                "rawgrad yet (`python -m rawgrad amd-smoke` is the bring-up checklist for the first one)")
+AMD_PERMISSION_HINT = ("add your user to the 'render' group (and 'video' on older distributions), or run the "
+                       "container with --device=/dev/kfd --device=/dev/dri")
+
+
+def _check_amd(report: DoctorReport, amd_os: Any, amd_mock: bool | None) -> None:
+    """The AMD section (see the module docstring); adds the AMD path verdict. Never raises."""
+    sec = AMD_SECTION
+    use_mock = (amd_os is not None or config.getenv_int("AMD_MOCK") != 0) if amd_mock is None else amd_mock
+    report.amd_mock = use_mock
+    report.add(sec, "verified", Status.WARN, AMD_VERIFIED)
+    owned: Any = None
+    blocker: str | None = None
+    try:
+        if amd_os is None and use_mock:
+            from rawgrad.drivers.amd.device import MockAMD
+            owned = MockAMD()
+            amd_os = owned.kfd
+        elif amd_os is None:
+            amd_os = LibcOS()
+        blocker = _amd_checks(report, amd_os, owned)
+    except Exception as e:  # outside the checks' own handling: one finding, never a crash
+        blocker = explain(e)
+        report.add(sec, "internal", Status.FAIL, blocker)
+    finally:
+        if owned is not None:
+            owned.shutdown()
+    works = blocker is None
+    if works:
+        reason = ("mock KFD: bring-up OK and a kernel ran on the RDNA3 interpreter (not hardware)" if use_mock
+                  else "brought up and closed again cleanly (unverified on real AMD hardware before this)")
+    else:
+        reason = blocker or "bring-up did not complete"
+    report.paths.append(PathVerdict("AMD", works, reason))
+
+
+def _amd_checks(report: DoctorReport, os_iface: Any, mock: Any) -> str | None:
+    """Each step in order; the first that fails stops the rest (they depend on it). Returns the blocker."""
+    from rawgrad.drivers.amd import abi as amd_abi
+    from rawgrad.drivers.amd.device import MIN_KFD_VERSION, AMDDevice
+    from rawgrad.drivers.amd.topology import KFD_PATH, SUPPORTED_TARGETS, TopologyError, gpu_nodes
+
+    sec = AMD_SECTION
+    if not os_iface.exists(KFD_PATH):
+        msg = (f"{KFD_PATH} is missing: no amdgpu kernel driver (KFD) here, or its device nodes are not "
+               f"passed into this container (AMD_MOCK=1 runs the mock AMD GPU)")
+        report.add(sec, KFD_PATH, Status.SKIP, msg)
+        return msg
+    try:
+        fd = os_iface.open(KFD_PATH, O_RDWR | O_CLOEXEC)
+    except OSError as e:
+        if e.errno in PERMISSION_ERRNOS:
+            msg = f"open({KFD_PATH}): {errno_name(e.errno)}, permission denied: {AMD_PERMISSION_HINT}"
+        else:
+            msg = f"open({KFD_PATH}): {explain(e)}"
+        report.add(sec, KFD_PATH, Status.FAIL, msg)
+        return msg
+    try:
+        report.add(sec, KFD_PATH, Status.OK, "present and opened read-write")
+        call = amd_abi.get_version()
+        os_iface.ioctl(fd, call.request, call.args)
+        version = amd_abi.decode_version(call)
+    except OSError as e:
+        msg = f"AMDKFD_IOC_GET_VERSION: {explain(e)}"
+        report.add(sec, "KFD version", Status.FAIL, msg)
+        return msg
+    finally:
+        os_iface.close(fd)
+    shown = f"{version[0]}.{version[1]}"
+    oldest = f"{MIN_KFD_VERSION[0]}.{MIN_KFD_VERSION[1]}"
+    if version < MIN_KFD_VERSION:
+        msg = (f"KFD {shown} is too old: rawgrad's CREATE_QUEUE needs KFD {oldest} or newer (Linux 5.x "
+               f"kernels with a current amdgpu)")
+        report.add(sec, "KFD version", Status.FAIL, msg)
+        return msg
+    report.add(sec, "KFD version", Status.OK, f"{shown} (rawgrad needs {oldest} or newer)")
+    try:
+        nodes = gpu_nodes(os_iface)
+    except (OSError, TopologyError) as e:
+        msg = f"topology: {explain(e)}"
+        report.add(sec, "topology", Status.FAIL, msg)
+        return msg
+    if not nodes:
+        msg = ("the KFD topology lists no GPU node (every node is CPU-only): no AMD GPU is visible to this "
+               "process; " + AMD_PERMISSION_HINT)
+        report.add(sec, "topology", Status.FAIL, msg)
+        return msg
+    supported = [n for n in nodes if n.target in SUPPORTED_TARGETS]
+    for n in nodes:
+        what = (f"node {n.node_id}: {n.target}, {n.cu_count} CUs, wave{n.wave_size}, device id "
+                f"{n.device_id:#06x}, render node {n.render_node}")
+        if n.target in SUPPORTED_TARGETS:
+            report.add(sec, f"GPU node {n.node_id}", Status.OK, what)
+        else:
+            report.add(sec, f"GPU node {n.node_id}", Status.WARN,
+                       f"{what}: unsupported gfx target (rawgrad has code generation for "
+                       f"{', '.join(SUPPORTED_TARGETS)} only)")
+    if not supported:
+        msg = (f"no supported AMD GPU: found {', '.join(n.target for n in nodes)}; rawgrad drives "
+               f"{', '.join(SUPPORTED_TARGETS)}")
+        report.add(sec, "supported GPU", Status.FAIL, msg)
+        return msg
+    node = supported[0]
+    try:
+        rfd = os_iface.open(node.render_node, O_RDWR | O_CLOEXEC)
+        os_iface.close(rfd)
+    except OSError as e:
+        hint = f": {AMD_PERMISSION_HINT}" if e.errno in PERMISSION_ERRNOS else ""
+        msg = f"open({node.render_node}): {explain(e)}{hint}"
+        report.add(sec, "render node", Status.FAIL, msg)
+        return msg
+    report.add(sec, "render node", Status.OK, f"{node.render_node} opened read-write")
+    try:
+        dev = AMDDevice("AMD", mock=mock) if mock is not None else AMDDevice("AMD", os_iface)
+    except Exception as e:
+        msg = f"bring-up: {explain(e)}"
+        report.add(sec, "bring-up", Status.FAIL, msg)
+        return msg
+    try:
+        what = (f"{dev.arch}: ACQUIRE_VM, memory, a PM4 and an SDMA queue, events "
+                f"({'interrupt-driven waits' if dev.signal_event is not None else 'polled waits'})")
+        if mock is not None:
+            import numpy as np
+
+            src, dst = dev.allocator.alloc(64), dev.allocator.alloc(64)
+            dev.allocator.copyin(src, memoryview(np.arange(16, dtype=np.int32)))
+            dev.timeline_submit(lambda q: q.copy(dst.va_addr, src.va_addr, 64))
+            out = np.zeros(16, np.int32)
+            dev.allocator.copyout(memoryview(out), dst)
+            if not np.array_equal(out, np.arange(16)):
+                raise AssertionError(f"the copy kernel gave {out.tolist()}")
+            what += "; the copy kernel ran on the RDNA3 interpreter"
+        report.add(sec, "bring-up", Status.OK, what)
+    except Exception as e:
+        msg = f"bring-up: {explain(e)}"
+        report.add(sec, "bring-up", Status.FAIL, msg)
+        return msg
+    finally:
+        dev.close()
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ render
@@ -837,6 +993,9 @@ def render(report: DoctorReport, verbose: bool = False) -> str:
         lines += ["", f"*** MOCK DRIVER (NV_MOCK=1{profile}): the NV checks ran against rawgrad's mock "
                       f"NVIDIA kernel driver, not a GPU. ***",
                   "*** Nothing under 'NVIDIA driver', 'NV bring-up' or the NV path describes a real GPU. ***"]
+    if report.amd_mock:
+        lines += ["", "*** MOCK AMD GPU (AMD_MOCK=1): the AMD checks ran against rawgrad's mock KFD and "
+                      "command processor, not a GPU. ***"]
     section = None
     width = max((len(f.check) for f in report.findings), default=10)
     for f in report.findings:
