@@ -26,8 +26,8 @@ from typing import Any
 from rawgrad.hcq.errors import DeviceTimeout
 from rawgrad.hcq.memory import WORD_BYTES, ffi, u64_pointer
 
-__all__ = ["NS_CLOCK", "SIGNAL_BYTES", "BaseSignal", "DeviceClock", "EventWait", "ObjectSignal", "Signal",
-           "device_clock", "wait_until"]
+__all__ = ["NS_CLOCK", "SIGNAL_BYTES", "BaseSignal", "BlockingWait", "DeviceClock", "EventWait",
+           "ObjectSignal", "Signal", "device_clock", "wait_until"]
 
 # Layout of a memory signal: word 0 the value, word 1 the timestamp (device ticks).
 VALUE_WORD = 0
@@ -49,6 +49,15 @@ _names = itertools.count()
 # A driver's event wait: `wait(value, seconds)` returns once the signal may have reached `value` or after
 # `seconds` (it may return early; the loop checks the value again and sleeps on).
 EventWait = Callable[[int, float], None]
+# A driver's whole wait for a memory signal: `wait(address, value, seconds)` spins and blocks as the driver
+# sees fit (the CPU device: a native spin, then a futex its SIGNAL record wakes) and returns True once the
+# value at `address` is >= `value`, False after `seconds`. No Python spin or nap runs around it.
+BlockingWait = Callable[[int, int, float], bool]
+# A blocking wait is called in slices growing from the first to the cap, so `check()` (a driver's fault
+# check) still runs now and then, and a value written by a party that does not wake the waiter (the host
+# itself, another device) is seen within a slice.
+BLOCKING_SLICE_START_S = 100e-6
+BLOCKING_SLICE_CAP_S = 1e-3
 
 
 @dataclass(frozen=True)
@@ -136,12 +145,13 @@ class Signal(BaseSignal):
     can reach (a GPU) passes an address inside such memory and keeps that memory alive (`keepalive`).
     `value=None` leaves the memory as it is (a view of a word some device already maintains).
     `compare_bits`: the low bits of the value the device compares (32 on AMD). `event_wait`: the driver's
-    event wait for this signal (see `EventWait`), used instead of sleeping.
+    event wait for this signal (see `EventWait`), used instead of sleeping. `blocking_wait`: the driver's
+    whole wait (see `BlockingWait`), used instead of the spin-then-sleep loop.
     """
 
     def __init__(self, value: int | None = 0, *, address: int | None = None, owner: str = "host",
                  name: str | None = None, keepalive: object = None, compare_bits: int = FULL_COMPARE_BITS,
-                 event_wait: EventWait | None = None) -> None:
+                 event_wait: EventWait | None = None, blocking_wait: BlockingWait | None = None) -> None:
         if not 0 < compare_bits <= FULL_COMPARE_BITS:
             raise ValueError(f"compare_bits must be in [1, {FULL_COMPARE_BITS}], got {compare_bits}")
         if address is None:
@@ -155,6 +165,7 @@ class Signal(BaseSignal):
         self.name = name if name is not None else f"signal{next(_names)}"
         self.compare_bits = compare_bits
         self.event_wait = event_wait
+        self.blocking_wait = blocking_wait
         self._words = u64_pointer(address)
         if value is not None:
             self.check_value(value)
@@ -193,9 +204,31 @@ class Signal(BaseSignal):
         if words[VALUE_WORD] >= value:  # the common case pays for no closure
             return
         self.check_value(value)
+        if self.blocking_wait is not None:
+            self._blocking(value, timeout_s, queue, check)
+            return
         wait_until(lambda: words[VALUE_WORD] >= value, timeout_s,
                    lambda: DeviceTimeout(self.owner, queue, self.name, value, int(words[VALUE_WORD]),
                                          timeout_s), check, self._sleeper(value))
+
+
+    def _blocking(self, value: int, timeout_s: float, queue: str, check: Callable[[], None] | None) -> None:
+        wait = self.blocking_wait
+        assert wait is not None
+        deadline = time.perf_counter() + timeout_s
+        piece = BLOCKING_SLICE_START_S
+        while True:
+            left = deadline - time.perf_counter()
+            if wait(self.address, value, max(0.0, min(piece, left))):
+                return
+            if check is not None:
+                check()
+            if left <= piece:
+                if self._words[VALUE_WORD] >= value:
+                    return
+                raise DeviceTimeout(self.owner, queue, self.name, value, int(self._words[VALUE_WORD]),
+                                    timeout_s)
+            piece = min(piece * 2, BLOCKING_SLICE_CAP_S)
 
 
 class ObjectSignal(BaseSignal):

@@ -411,21 +411,25 @@ class Tensor(CreationOps, MovementOps, ElementwiseOps, ReduceOps, IndexingOps, L
                 topo = t.uop.toposort()
             nodes.update(topo)
         # a pending assign that feeds these graphs runs now, so its tensor is marked done now too
-        chosen = {id(t) for t in tensors}
-        for ref in list(_pending_assigns.values()):
-            p = ref()
-            if p is not None and p.uop in nodes and id(p) not in chosen:
-                tensors.append(p)
-                chosen.add(id(p))
+        if _pending_assigns:
+            chosen = {id(t) for t in tensors}
+            for ref in list(_pending_assigns.values()):
+                p = ref()
+                if p is not None and p.uop in nodes and id(p) not in chosen:
+                    tensors.append(p)
+                    chosen.add(id(p))
         before = [t.uop for t in tensors]
         done = _realize.realize(*before)
         _autograd.remember_history(before, done)  # so backward() still works on a realized loss
         for t, u in zip(tensors, done):
             t.uop = u
-            _pending_assigns.pop(id(t), None)
-            _pending_view_assigns.pop(id(t), None)
+        if _pending_assigns or _pending_view_assigns:
+            for t in tensors:
+                _pending_assigns.pop(id(t), None)
+                _pending_view_assigns.pop(id(t), None)
+        assign = Ops.ASSIGN
         for n in nodes:
-            if n.op is Ops.ASSIGN:
+            if n.op is assign:
                 _executed_assigns[n] = n.src[0]
         return self
 

@@ -7,11 +7,14 @@ barrier (an atomic count of finished shares) before the next record. A worker th
 means the front end runs its share. Only the front end reads the ring, so its read index is exactly what
 the host may overwrite.
 
-Sleeping: the front end spins a little on an empty ring, then registers as asleep and futex-waits on the
-write index; `rg_doorbell` (called by the host after writing records) publishes the new write index and
-wakes it only when it is registered. Workers do the same on the job generation counter. Both sides of each
-handshake use sequentially consistent accesses (store the flag/index, then load the other), so a wake-up
-cannot be lost; the futex waits still time out now and then as a second line of defence.
+Sleeping: the front end spins a little on an empty ring (FRONTEND_SPIN_NS, on the clock), then registers
+as asleep and futex-waits on the write index; `rg_doorbell` (called by the host after writing records)
+publishes the new write index and wakes it only when it is registered. Workers do the same on the job
+generation counter. The host waits for a signal with `rg_host_wait`: it spins HOST_SPIN_NS, then counts
+itself in HOST_WAITERS and futex-waits on the signal's value word; a SIGNAL record stores the value and
+wakes that word when a host waiter is counted. Both sides of each handshake use sequentially consistent
+accesses (store the flag/index/value, then load the other), so a wake-up cannot be lost; every futex wait
+still has a timeout as a second line of defence.
 """
 from __future__ import annotations
 
@@ -20,10 +23,11 @@ from string import Template
 
 from rawgrad.drivers.cpu.records import CTX, RECORD_BYTES, Op
 
-__all__ = ["DOORBELL_SYMBOL", "THREAD_ENTRY_SYMBOL", "processor_ir"]
+__all__ = ["DOORBELL_SYMBOL", "HOST_WAIT_SYMBOL", "THREAD_ENTRY_SYMBOL", "processor_ir"]
 
 THREAD_ENTRY_SYMBOL = "rg_thread_main"
 DOORBELL_SYMBOL = "rg_doorbell"
+HOST_WAIT_SYMBOL = "rg_host_wait"
 
 # futex(2) syscall numbers (asm/unistd_64.h on x86-64, asm-generic/unistd.h on aarch64).
 SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
@@ -37,11 +41,24 @@ FUTEX_TIMEOUT_NS = 50_000_000
 # linux/time.h CLOCK_MONOTONIC: the same clock Python's time.monotonic_ns reads.
 CLOCK_MONOTONIC = 1
 NS_PER_S = 1_000_000_000
-# Spin iterations (each one CPU-relax hint, ~10-100 ns) before sleeping: the front end and the workers
-# spin long enough to catch back-to-back submissions, a WAIT record long enough for a short kernel on
-# another device, the barrier long enough for balanced shares to finish.
-FRONTEND_SPINS = 4096
-WORKER_SPINS = 4096
+# How long an idle front end and idle workers spin before they sleep, measured on the clock (an iteration
+# count would mean ~40 us on one CPU and ~400 us on another: a CPU-relax hint costs 10-140 cycles). Long
+# enough to catch the next submission of a host that submits back to back (a TinyJit replay loop, an eager
+# loop: tens of us of Python apart), short enough that an idle device stops competing for the cores soon
+# (on a busy machine every spinning thread is one more runnable thread).
+FRONTEND_SPIN_NS = 100_000
+WORKER_SPIN_NS = 50_000
+# A host waiting on a signal (`rg_host_wait`) spins this long before it sleeps on the signal's futex word
+# (a SIGNAL record wakes it): a small kernel finishes within it, and the sleep costs a wake-up otherwise.
+HOST_SPIN_NS = 30_000
+# While spinning, every this many CPU-relax hints (~1-3 us) the spinner reads the clock (a vDSO read, ~20
+# ns) and yields the core (sched_yield, ~1 us when nothing else wants it). The yield is what keeps a spin
+# cheap on a busy machine: a thread woken onto the core of the host (or of the front end) would otherwise
+# spin there for its whole budget while the thread it waits for cannot run (issue 21: 50 us per doorbell
+# on a loaded 2-core machine, the woken front end spinning on the host's core).
+SPIN_CLOCK_EVERY = 64
+# Spin iterations (each one CPU-relax hint) of a WAIT record before it naps, and of the barrier before it
+# yields: a WAIT long enough for a short kernel on another device, the barrier for balanced shares.
 WAIT_SPINS = 4096
 BARRIER_SPINS = 4096
 # A WAIT record sleeps between polls, doubling from the first nap up to the cap: the cap bounds both
@@ -75,13 +92,47 @@ define internal void @relax() {
 }
 
 define internal void @futex_wait(ptr %addr, i64 %expected) {
+  call void @futex_wait_ns(ptr %addr, i64 %expected, i64 $FUTEX_TIMEOUT_NS)
+  ret void
+}
+
+; futex-wait on the low 32 bits of *addr while they equal those of %expected, at most %ns (< 1 s)
+define internal void @futex_wait_ns(ptr %addr, i64 %expected, i64 %ns) {
   %ts = alloca [2 x i64], align 8
   store i64 0, ptr %ts, align 8
   %nsp = getelementptr inbounds i64, ptr %ts, i64 1
-  store i64 $FUTEX_TIMEOUT_NS, ptr %nsp, align 8
+  store i64 %ns, ptr %nsp, align 8
   %lo = and i64 %expected, $FUTEX_WORD_MASK
   %r = call i64 (i64, ...) @syscall(i64 $SYS_FUTEX, ptr %addr, i64 $FUTEX_WAIT_PRIVATE, i64 %lo, ptr %ts)
   ret void
+}
+
+; Spin (CPU-relax hints) until *addr differs from %old or %spin_ns have passed; returns the last value read.
+define internal i64 @spin_until_change(ptr %addr, i64 %old, i64 %spin_ns) {
+entry:
+  %t0 = call i64 @now_ns()
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%i1, %relaxed], [%i1, %clock]
+  %v = load atomic i64, ptr %addr acquire, align 8
+  %ch = icmp ne i64 %v, %old
+  br i1 %ch, label %done, label %spin
+spin:
+  call void @relax()
+  %i1 = add i64 %i, 1
+  %m = and i64 %i1, $SPIN_CLOCK_MASK
+  %chk = icmp eq i64 %m, 0
+  br i1 %chk, label %clock, label %relaxed
+relaxed:
+  br label %loop
+clock:
+  %yy = call i32 @sched_yield()
+  %t = call i64 @now_ns()
+  %el = sub i64 %t, %t0
+  %over = icmp uge i64 %el, %spin_ns
+  br i1 %over, label %done, label %loop
+done:
+  ret i64 %v
 }
 
 define internal void @futex_wake(ptr %addr, i64 %count) {
@@ -276,7 +327,7 @@ wait:
   ; the generation starts at 0 in the fresh control block: starting from 0 rather than from a load
   ; means a job published before this thread got scheduled is still seen as new
   %seen = phi i64 [0, %entry], [%seen, %spin], [%seen, %slept], [%g, %finish]
-  %spins = phi i64 [0, %entry], [%spins1, %spin], [$WORKER_SPINS, %slept], [0, %finish]
+  %spun = phi i64 [0, %entry], [1, %spin], [1, %slept], [0, %finish]
   %g = load atomic i64, ptr %genp acquire, align 8
   %new = icmp ne i64 %g, %seen
   br i1 %new, label %job, label %idle
@@ -285,11 +336,10 @@ idle:
   %st = icmp ne i64 %stop, 0
   br i1 %st, label %exit, label %idle2
 idle2:
-  %more = icmp ult i64 %spins, $WORKER_SPINS
+  %more = icmp eq i64 %spun, 0
   br i1 %more, label %spin, label %sleep
 spin:
-  call void @relax()
-  %spins1 = add i64 %spins, 1
+  %sv = call i64 @spin_until_change(ptr %genp, i64 %seen, i64 $WORKER_SPIN_NS)
   br label %wait
 sleep:
   %x = atomicrmw add ptr %sleepp, i64 1 seq_cst
@@ -379,7 +429,15 @@ wait:
   call void @wait_value(ptr %ctx, ptr %x1, i64 %a2)
   ret i64 1
 signal:
-  store atomic i64 %a2, ptr %x1 release, align 8
+  store atomic i64 %a2, ptr %x1 seq_cst, align 8
+  %hwp = getelementptr inbounds i64, ptr %ctx, i64 $HOST_WAITERS
+  %hw = load atomic i64, ptr %hwp seq_cst, align 8
+  %hwany = icmp ne i64 %hw, 0
+  br i1 %hwany, label %signalwake, label %signaldone
+signalwake:
+  call void @futex_wake(ptr %x1, i64 $FUTEX_WAKE_ALL)
+  br label %signaldone
+signaldone:
   ret i64 1
 timestamp:
   %t = call i64 @now_ns()
@@ -430,7 +488,7 @@ entry:
   br label %loop
 loop:
   %r = phi i64 [%r0, %entry], [%r, %spin], [%r, %slept], [%r2, %work]
-  %spins = phi i64 [0, %entry], [%spins1, %spin], [$FRONTEND_SPINS, %slept], [0, %work]
+  %spun = phi i64 [0, %entry], [1, %spin], [1, %slept], [0, %work]
   %stop = load atomic i64, ptr %stopp acquire, align 8
   %st = icmp ne i64 %stop, 0
   br i1 %st, label %exit, label %poll
@@ -439,11 +497,10 @@ poll:
   %empty = icmp eq i64 %w, %r
   br i1 %empty, label %idle, label %work
 idle:
-  %more = icmp ult i64 %spins, $FRONTEND_SPINS
+  %more = icmp eq i64 %spun, 0
   br i1 %more, label %spin, label %sleep
 spin:
-  call void @relax()
-  %spins1 = add i64 %spins, 1
+  %sw = call i64 @spin_until_change(ptr %wp, i64 %r, i64 $FRONTEND_SPIN_NS)
   br label %loop
 sleep:
   store atomic i64 1, ptr %fsp seq_cst, align 8
@@ -489,6 +546,63 @@ worker:
   ret ptr null
 }
 
+; The host's wait for *sig >= value: spin HOST_SPIN_NS, then sleep on the value's futex word (counted in
+; HOST_WAITERS, so a SIGNAL record wakes it) in slices, until the value is reached (returns 1) or
+; %timeout_ns have passed (returns 0). Called without the GIL (cffi releases it around the call).
+define i64 @$HOST_WAIT(ptr %ctx, ptr %sig, i64 %value, i64 %timeout_ns) {
+entry:
+  %t0 = call i64 @now_ns()
+  %spinbudget = icmp ult i64 %timeout_ns, $HOST_SPIN_NS
+  %spinns = select i1 %spinbudget, i64 %timeout_ns, i64 $HOST_SPIN_NS
+  br label %spin
+spin:
+  %i = phi i64 [0, %entry], [%i1, %spinnext], [%i1, %spinclock]
+  %c = load atomic i64, ptr %sig acquire, align 8
+  %ok = icmp uge i64 %c, %value
+  br i1 %ok, label %reached, label %spinrelax
+spinrelax:
+  call void @relax()
+  %i1 = add i64 %i, 1
+  %m = and i64 %i1, $SPIN_CLOCK_MASK
+  %chk = icmp eq i64 %m, 0
+  br i1 %chk, label %spinclock, label %spinnext
+spinnext:
+  br label %spin
+spinclock:
+  %yy = call i32 @sched_yield()
+  %ts = call i64 @now_ns()
+  %els = sub i64 %ts, %t0
+  %spent = icmp uge i64 %els, %spinns
+  br i1 %spent, label %block, label %spin
+block:
+  %hwp = getelementptr inbounds i64, ptr %ctx, i64 $HOST_WAITERS
+  %x = atomicrmw add ptr %hwp, i64 1 seq_cst
+  br label %bloop
+bloop:
+  %cb = load atomic i64, ptr %sig seq_cst, align 8
+  %okb = icmp uge i64 %cb, %value
+  br i1 %okb, label %leave1, label %btime
+btime:
+  %tb = call i64 @now_ns()
+  %elb = sub i64 %tb, %t0
+  %late = icmp uge i64 %elb, %timeout_ns
+  br i1 %late, label %leave0, label %bsleep
+bsleep:
+  %rem = sub i64 %timeout_ns, %elb
+  %big = icmp ugt i64 %rem, $FUTEX_TIMEOUT_NS
+  %slice = select i1 %big, i64 $FUTEX_TIMEOUT_NS, i64 %rem
+  call void @futex_wait_ns(ptr %sig, i64 %cb, i64 %slice)
+  br label %bloop
+leave1:
+  %y1 = atomicrmw sub ptr %hwp, i64 1 seq_cst
+  br label %reached
+leave0:
+  %y0 = atomicrmw sub ptr %hwp, i64 1 seq_cst
+  ret i64 0
+reached:
+  ret i64 1
+}
+
 define void @$DOORBELL(ptr %ctx, i64 %w) {
 entry:
   %wp = getelementptr inbounds i64, ptr %ctx, i64 $WRITE_INDEX
@@ -523,8 +637,9 @@ def processor_ir(machine: str | None = None) -> str:
         RELAX_DECL=relax_decl, RELAX_CALL=relax_call, SYS_FUTEX=SYS_FUTEX[machine],
         FUTEX_WAIT_PRIVATE=FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE=FUTEX_WAKE_PRIVATE,
         FUTEX_WAKE_ALL=FUTEX_WAKE_ALL, FUTEX_TIMEOUT_NS=FUTEX_TIMEOUT_NS, FUTEX_WORD_MASK=FUTEX_WORD_MASK,
-        CLOCK_MONOTONIC=CLOCK_MONOTONIC, NS_PER_S=NS_PER_S, FRONTEND_SPINS=FRONTEND_SPINS,
-        WORKER_SPINS=WORKER_SPINS, WAIT_SPINS=WAIT_SPINS, BARRIER_SPINS=BARRIER_SPINS,
+        CLOCK_MONOTONIC=CLOCK_MONOTONIC, NS_PER_S=NS_PER_S, FRONTEND_SPIN_NS=FRONTEND_SPIN_NS,
+        WORKER_SPIN_NS=WORKER_SPIN_NS, HOST_SPIN_NS=HOST_SPIN_NS, SPIN_CLOCK_MASK=SPIN_CLOCK_EVERY - 1,
+        HOST_WAIT=HOST_WAIT_SYMBOL, WAIT_SPINS=WAIT_SPINS, BARRIER_SPINS=BARRIER_SPINS,
         WAIT_NAP_START_NS=WAIT_NAP_START_NS, WAIT_NAP_CAP_NS=WAIT_NAP_CAP_NS,
         COPY_CHUNK_BYTES=COPY_CHUNK_BYTES, COPY_CHUNK_LESS_ONE=COPY_CHUNK_BYTES - 1,
         RECORD_BYTES=RECORD_BYTES, THREAD_ENTRY=THREAD_ENTRY_SYMBOL, DOORBELL=DOORBELL_SYMBOL,

@@ -49,6 +49,7 @@ class Op(IntEnum):
 class CTX:
     WRITE_INDEX = 0  # records the host has published (host writes; futex word of the front end)
     FRONTEND_SLEEPING = 1  # non-zero while the front end sleeps on WRITE_INDEX
+    HOST_WAITERS = 2  # host threads asleep on a signal's value word (a SIGNAL record then wakes it)
     READ_INDEX = 8  # records the front end has retired (front end writes)
     JOB_GENERATION = 16  # bumped for every parallel job (futex word of the workers)
     WORKERS_SLEEPING = 17  # workers asleep on JOB_GENERATION
