@@ -203,3 +203,18 @@ def test_a_kernel_fault_fails_its_command_buffer_and_the_device(fresh: MetalDevi
     from rawgrad.hcq import DeviceFault
     with pytest.raises(DeviceFault, match="barrier mismatch in threadgroup 0: lane 3"):
         fresh.synchronize(5.0)
+
+
+def test_the_first_mac_smoke_passes_on_the_mock() -> None:
+    """rawgrad/drivers/metal/smoke.py, the step-by-step check for the first Mac, rehearsed on the mock (it
+    found a bound-replay bug: a command mixing a fixed and a patched buffer lost the fixed one)."""
+    from rawgrad.drivers.metal.smoke import run_steps
+    gpu = MockMetalGPU()
+    dev = gpu.open("METAL", timeout_s=10.0)
+    lines: list[str] = []
+    try:
+        assert run_steps(dev, lines.append), "\n".join(lines)
+    finally:
+        dev.close()
+    assert len(lines) == 5 and all(line.startswith("ok") for line in lines)
+    gpu.rt.assert_balanced()

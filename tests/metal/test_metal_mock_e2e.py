@@ -10,12 +10,11 @@ import pytest
 from rawgrad import Tensor
 from rawgrad.compiler.renderer.msl import MSLRenderer
 from rawgrad.drivers.metal.api import MTL_LANGUAGE_VERSION_3_1, MTL_RESOURCE_STORAGE_SHARED
+from rawgrad.drivers.metal.mock.msl_host import CXX, run_source, type_check_one
 from rawgrad.drivers.metal.mock.objc_fake import Dispatch, FakeObjCRuntime
 from rawgrad.drivers.metal.objc import FFI, ObjC, ObjCError
 from rawgrad.tensor.buffers import buffer_numpy
 from rawgrad.tensor.schedule import create_schedule
-
-from rawgrad.drivers.metal.mock.msl_host import CXX, run_source, type_check_one
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no g++ or clang++ to build MSL through the shim")
 

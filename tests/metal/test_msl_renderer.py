@@ -12,11 +12,9 @@ from rawgrad import Tensor, dtypes
 from rawgrad.compiler.renderer import renderer_for
 from rawgrad.compiler.renderer.msl import MSLRenderer, arg_indices, const_text, render_msl
 from rawgrad.compiler.target import APPLE_GPU, NV_SM90
+from rawgrad.drivers.metal.mock.msl_host import CXX, MSLHostError, run_on_host, run_source, type_check
 from rawgrad.tensor.buffers import buffer_numpy
 from rawgrad.tensor.schedule import create_schedule
-
-from rawgrad.drivers.metal.mock.msl_host import (CXX, MSLHostError, run_on_host, run_source,
-                                                 type_check)
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no g++ or clang++ on this machine to check MSL with")
 

@@ -212,6 +212,8 @@ class MetalDevice(HCQDevice):
         self._inflight: deque[InFlight] = deque()
         self._deferred: deque[tuple[int, MetalBuffer]] = deque()  # (timeline value, buffer to release)
         self._fault: str | None = None
+        # command buffers committed so far (the device's submissions, as the CPU's ring records)
+        self.write_index = 0
         self.max_command_buffers = max_command_buffers
         self.arch = APPLE_GPU.isa
         try:
@@ -338,23 +340,27 @@ class MetalDevice(HCQDevice):
         return icb
 
     def encode_icb_command(self, q: MetalQueue, k: int, *, first: bool, only: str | None = None,
-                           slot: int | None = None, skip: set[str] | frozenset[str] = frozenset()) -> None:
+                           slot: int | None = None, skip: set[tuple[str, int, int]] | None = None) -> None:
         """(Re-)encode ICB command `k` of bound queue `q` from its words; `only` limits it to one part (and
-        `slot` to one buffer), `skip` leaves parts out (patch points without a value yet)."""
+        `slot` to one buffer), `skip` leaves parts out ((part, k, slot) roles of patch points that have no
+        value yet)."""
         objc, words, ic = self.objc, q._words, q._icb_cmds[k]
         cmd = objc.send(q._icb, "indirectComputeCommandAtIndex:", k)
         base = ic.at
-        if only in (None, "pipeline") and "pipeline" not in skip:
+        skip = skip or set()
+        if only in (None, "pipeline") and ("pipeline", k, 0) not in skip:
             objc.send(cmd, "setComputePipelineState:", words[base + 1])
-        if only in (None, "buf") and "buf" not in skip:
+        if only in (None, "buf"):
             for j in range(ic.buffers) if slot is None else (slot,):
+                if ("buf", k, j) in skip:
+                    continue
                 buf, off = self.resolve(words[base + EXEC_HEADER + j])
                 objc.send(cmd, "setKernelBuffer:offset:atIndex:", buf.ref, off, j)
                 ic.bound[j] = buf
         if only is None and ic.scalars:
             assert q._argbuf is not None
             objc.send(cmd, "setKernelBuffer:offset:atIndex:", q._argbuf.ref, ic.arg_offset, ic.buffers)
-        if only in (None, "dims") and "dims" not in skip:
+        if only in (None, "dims") and ("dims", k, 0) not in skip:
             groups, local = _grid(words, base)
             objc.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", groups, local)
         if only is None and not first:
@@ -450,6 +456,7 @@ class MetalDevice(HCQDevice):
                         run.stamps = [(h, i > 0 and i == len(run.stamps) - 1) for i, (h, _) in
                                       enumerate(run.stamps) if i in (0, len(run.stamps) - 1)]
                     objc.send(cb, "commit")
+                    self.write_index += 1
                 except BaseException:
                     cb.release()
                     raise

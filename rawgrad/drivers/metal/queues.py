@@ -186,9 +186,9 @@ class MetalQueue(HWQueue):
             for j in range(ic.scalars):
                 self._write_scalar(k, j, self._words[ic.at + EXEC_HEADER + ic.buffers + j])
             ic.bound = [None] * ic.buffers
-            parts = {role[0] for role in patched if role[1] == k}
-            dev.encode_icb_command(self, k, first=(k == 0), skip=parts)
-            self._dirty.update(role for role in patched if role[1] == k and role[0] != "scalar")
+            later = {role for role in patched if role[1] == k and role[0] != "scalar"}
+            dev.encode_icb_command(self, k, first=(k == 0), skip=later)
+            self._dirty.update(later)
         self._bound_words = PatchHook(self._patched)
 
     def _patched(self, index: int, word: int) -> None:
