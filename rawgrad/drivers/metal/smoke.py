@@ -1,6 +1,6 @@
-"""First contact with a real Mac, step by step: `python -m rawgrad.drivers.metal.smoke` (add `--mock` to rehearse
-on the Linux mock). Each step prints what it checked and stops at the first failure, so the first Mac run says
-exactly which assumption of the mock-verified driver does not hold there (docs/metal.md lists them).
+"""First contact with a real Mac, step by step: `python -m rawgrad.drivers.metal.smoke` (add `--mock` to
+rehearse on the Linux mock). Each step prints what it checked and stops at the first failure, so the first
+Mac run says exactly which assumption of the mock-verified driver does not hold there (docs/metal.md lists them).
 
 Steps: open the device (libobjc + Metal.framework, MTLCreateSystemDefaultDevice); a shared buffer round trip
 through `contents`; one shared event as a timeline (signal from a command buffer, read back); compile one MSL
@@ -13,6 +13,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,13 +36,13 @@ def _steps(dev: MetalDevice) -> list[tuple[str, Callable[[], str]]]:
            "  const long i = (long)tpig.x + (long)tpg.x * ((long)tpig.y + (long)tpg.y * (long)tpig.z);\n"
            "  if (i >= vars[0]) return;\n  buf0[i] = 2.0f * buf1[i] + 1.0f;\n}\n")
     x = np.arange(N, dtype=np.float32)
-    state: dict[str, object] = {}
+    state: dict[str, Any] = {}
 
     def buffers() -> str:
         a, b = dev.allocator.alloc(4 * N), dev.allocator.alloc(4 * N)
-        dev.allocator.copyin(b, memoryview(x))
+        dev.allocator.copyin(b, x.data)
         back = np.empty(N, np.float32)
-        dev.allocator.copyout(memoryview(back), b)
+        dev.allocator.copyout(back.data, b)
         assert np.array_equal(back, x), "shared buffer round trip changed the data"
         state.update(out=a, inp=b)
         return f"2 shared buffers, gpuAddress {b.va_addr:#x}"
@@ -57,21 +58,21 @@ def _steps(dev: MetalDevice) -> list[tuple[str, Callable[[], str]]]:
         state["prog"] = prog
         dev.timeline_submit(lambda q: q.exec(prog, [state["out"], state["inp"], N], (N, 1, 1), (64, 1, 1)))
         got = np.empty(N, np.float32)
-        dev.allocator.copyout(memoryview(got), state["out"])  # type: ignore[arg-type]
+        dev.allocator.copyout(got.data, state["out"])
         assert np.array_equal(got, 2 * x + 1), f"kernel result differs: {got[:4]}"
         return "newLibraryWithSource compiled the kernel; dispatch result exact"
 
     def replay() -> str:
         n, dst = Variable("smoke.n", 1, N), address_var("smoke.dst")
         prog = state["prog"]
-        template, programs = build_template(dev, [KernelCommand(prog, [dst, state["inp"], n], n)])  # type: ignore
+        template, programs = build_template(dev, [KernelCommand(prog, [dst, state["inp"], n], n)])
         graph = HCQGraph(dev, template, programs, {})
         for size in (N, 17):
             out = dev.allocator.alloc(4 * N)
             graph.submit({dst: out.va_addr, n: size})
             dev.synchronize(10.0)
             got = np.empty(N, np.float32)
-            dev.allocator.copyout(memoryview(got), out)
+            dev.allocator.copyout(got.data, out)
             assert np.array_equal(got[:size], 2 * x[:size] + 1), f"ICB replay (n={size}) differs"
         return "one-command ICB replayed twice with patched address and size"
 
