@@ -1,6 +1,7 @@
 """First contact with a real Mac, step by step: `python -m rawgrad.drivers.metal.smoke` (add `--mock` to
-rehearse on the Linux mock). Each step prints what it checked and stops at the first failure, so the first
-Mac run says exactly which assumption of the mock-verified driver does not hold there (docs/metal.md lists them).
+rehearse on the Linux mock). Each step prints what it checked and stops at the first failure, so the
+first Mac run says exactly which assumption of the mock-verified driver does not hold there (docs/metal.md
+lists them).
 
 Steps: open the device (libobjc + Metal.framework, MTLCreateSystemDefaultDevice); a shared buffer round trip
 through `contents`; one shared event as a timeline (signal from a command buffer, read back); compile one MSL
