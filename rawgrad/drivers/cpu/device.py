@@ -375,7 +375,7 @@ class CPUDevice(HCQDevice):
         self._finalizer = weakref.finalize(self, self._native.shutdown)
         self._read_signal = Signal(None, address=self._native.ctx_addr + CTX.READ_INDEX * WORD_BYTES,
                                    owner=name, name="command ring read index",
-                                   keepalive=self._native)
+                                   keepalive=self._native, blocking_wait=self._native.wait_signal)
         # (ring position after a submission, what must stay alive until it retires); guarded, like the ring
         # itself, by the device's submit_lock
         self._inflight: deque[tuple[int, object]] = deque()
@@ -432,8 +432,15 @@ class CPUDevice(HCQDevice):
         return self._native.cmd_ring.write
 
     def wait_retired(self, position: int, queue: str = "ring", timeout_s: float | None = None) -> None:
-        """Wait until the processor has retired every record before ring position `position`."""
-        self._native.cmd_ring.wait_retired(position, queue, timeout_s)
+        """Wait until the processor has retired every record before ring position `position`: the native
+        spin-then-futex wait on the read index (the front end wakes it), not the ring's Python spin and naps
+        (a TinyJit replay called back to back waits here for its bound block's previous run)."""
+        st = self._native
+        if int(st.ctx[CTX.READ_INDEX]) >= position:
+            return
+        st.ring_doorbell()  # (as Ring.wait_retired flushes: the records must be published to retire)
+        self._read_signal.wait(position, st.cmd_ring.timeout_s if timeout_s is None else timeout_s,
+                               queue=queue, check=self.check_fault)
 
     def push(self, records: np.ndarray, cmd_ends: list[int], owner: object) -> int:
         """Copy whole commands into the ring (never over unretired records, never wrapping a command),

@@ -7,14 +7,15 @@ barrier (an atomic count of finished shares) before the next record. A worker th
 means the front end runs its share. Only the front end reads the ring, so its read index is exactly what
 the host may overwrite.
 
-Sleeping: the front end spins a little on an empty ring (FRONTEND_SPIN_NS, on the clock), then registers
-as asleep and futex-waits on the write index; `rg_doorbell` (called by the host after writing records)
+Sleeping: the front end spins a little on an empty ring (FRONTEND_SPIN_NS, on the clock), then registers as
+asleep and futex-waits on the write index; `rg_doorbell` (called by the host after writing records)
 publishes the new write index and wakes it only when it is registered. Workers do the same on the job
 generation counter. The host waits for a signal with `rg_host_wait`: it spins HOST_SPIN_NS, then counts
 itself in HOST_WAITERS and futex-waits on the signal's value word; a SIGNAL record stores the value and
-wakes that word when a host waiter is counted. Both sides of each handshake use sequentially consistent
-accesses (store the flag/index/value, then load the other), so a wake-up cannot be lost; every futex wait
-still has a timeout as a second line of defence.
+wakes that word when a host waiter is counted; the front end wakes the read index word the same way after
+each record it retires (a host waits on it before patching a bound block whose last run is still queued).
+Both sides of each handshake use sequentially consistent accesses (store the flag/index/value, then load the
+other), so a wake-up cannot be lost; every futex wait still has a timeout as a second line of defence.
 """
 from __future__ import annotations
 
@@ -487,8 +488,8 @@ entry:
   %r0 = load atomic i64, ptr %rp acquire, align 8
   br label %loop
 loop:
-  %r = phi i64 [%r0, %entry], [%r, %spin], [%r, %slept], [%r2, %work]
-  %spun = phi i64 [0, %entry], [1, %spin], [1, %slept], [0, %work]
+  %r = phi i64 [%r0, %entry], [%r, %spin], [%r, %slept], [%r2, %work], [%r2, %retirewake]
+  %spun = phi i64 [0, %entry], [1, %spin], [1, %slept], [0, %work], [0, %retirewake]
   %stop = load atomic i64, ptr %stopp acquire, align 8
   %st = icmp ne i64 %stop, 0
   br i1 %st, label %exit, label %poll
@@ -519,7 +520,14 @@ work:
   %rec = getelementptr inbounds i8, ptr %ring, i64 %off
   %cnt = call i64 @exec_record(ptr %ctx, ptr %rec)
   %r2 = add i64 %r, %cnt
-  store atomic i64 %r2, ptr %rp release, align 8
+  store atomic i64 %r2, ptr %rp seq_cst, align 8
+  %rhwp = getelementptr inbounds i64, ptr %ctx, i64 $HOST_WAITERS
+  %rhw = load atomic i64, ptr %rhwp seq_cst, align 8
+  %rhwany = icmp ne i64 %rhw, 0
+  br i1 %rhwany, label %retirewake, label %loop
+retirewake:
+  ; a host may be asleep on the read index (a bound block's previous run must retire before it is patched)
+  call void @futex_wake(ptr %rp, i64 $FUTEX_WAKE_ALL)
   br label %loop
 exit:
   ; an empty job wakes every worker so it sees STOP even if it is about to sleep
