@@ -15,15 +15,23 @@ sync or a readback the other does not:
 numpy and torch (CPU) run synchronously: their sync hook has nothing to wait for, but it is called the
 same number of times, and their readback copies the 16 floats like the others'. "host submit" is not a
 protocol column: it is the host time of one replay call with the device idle before it (rawgrad only).
+
+Then the per-call latency of a 1-kernel chain (`call_latency`): every column's call + sync timed one call at
+a time, reported as p50 and p99 (a mean hides a bimodal wake-up path), once on a quiet machine and once
+while a background process spins on one core (`busy_core`), the case where a device thread that sleeps or
+spins at the wrong moment costs a scheduler time slice.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,11 +196,66 @@ def host_submit_per_kernel(side: Side, n: int, repeats: int) -> float:
 COLUMNS = ("rawgrad eager", "rawgrad replay", "numpy", "torch", "tinygrad jit")
 
 
+# Calls timed one by one for the latency table (p99 of 2000 calls is the 20th slowest).
+LATENCY_CALLS = 2000
+# A spinner process needs a moment to be scheduled and to settle on a core before the timing starts.
+SPINNER_SETTLE_S = 0.2
+SPINNER_CODE = "while True: pass"
+# What the last bench_dispatch measured in its latency table: {column: {"quiet": (p50_s, p99_s), "busy": ...}}
+last_latency: dict[str, dict[str, tuple[float, float]]] = {}
+
+
+def call_latency(side: Side, calls: int = LATENCY_CALLS) -> tuple[float, float]:
+    """(p50, p99) seconds of one call + sync of `side` (no readback), each call timed on its own."""
+    side.sync()
+    for _ in range(min(20, calls)):  # warm the path (allocator caches, a device thread's first wake)
+        side.call()
+        side.sync()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        side.call()
+        side.sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2], times[min(len(times) - 1, (len(times) * 99) // 100)]
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[None]:
+    """A background process that keeps one core busy (a pure-Python spin loop) for the duration."""
+    proc = subprocess.Popen([sys.executable, "-c", SPINNER_CODE])
+    try:
+        time.sleep(SPINNER_SETTLE_S)
+        yield
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def latency_table(sides: list[Side], calls: int = LATENCY_CALLS) -> dict[str, dict[str, tuple[float, float]]]:
+    """Print and return p50/p99 per call of each side, quiet and with a busy core."""
+    out: dict[str, dict[str, tuple[float, float]]] = {s.name: {} for s in sides}
+    for mode in ("quiet", "busy"):
+        with busy_core() if mode == "busy" else contextlib.nullcontext():
+            for side in sides:
+                out[side.name][mode] = call_latency(side, calls)
+    print(f"\nper-call latency of a 1-kernel chain: call + sync, each of {calls} calls timed alone (us); "
+          f"busy = another process spins on one core")
+    print(f"{'column':>16s} {'quiet p50':>10s} {'quiet p99':>10s} {'busy p50':>10s} {'busy p99':>10s}")
+    for side in sides:
+        q, b = out[side.name]["quiet"], out[side.name]["busy"]
+        print(f"{side.name:>16s} {q[0] * 1e6:10.2f} {q[1] * 1e6:10.2f} {b[0] * 1e6:10.2f} {b[1] * 1e6:10.2f}",
+              flush=True)
+    return out
+
+
 def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS, protocols: tuple[str, ...] = ("async", "sync"),
-                   frameworks: tuple[str, ...] = ("rawgrad", "numpy", "torch", "tinygrad")) \
-        -> list[dict[str, Any]]:
+                   frameworks: tuple[str, ...] = ("rawgrad", "numpy", "torch", "tinygrad"),
+                   latency_calls: int = LATENCY_CALLS) -> list[dict[str, Any]]:
     """Print (and return) per-kernel times of every column under each protocol, for each chain length.
-    One row per (protocol, N): {"protocol", "n", "<column>_s" for each column timed, "submit_s"}."""
+    One row per (protocol, N): {"protocol", "n", "<column>_s" for each column timed, "submit_s"}. Then the
+    per-call latency table (`latency_table`, kept in `last_latency`; `latency_calls=0` leaves it out)."""
     from rawgrad import Device
 
     for p in protocols:
@@ -224,6 +287,10 @@ def bench_dispatch(lengths: tuple[int, ...] = CHAIN_LENGTHS, protocols: tuple[st
             print(f"{n:5d} {cells} {ratio} {us(row['submit_s']):>12s}", flush=True)
     print("submit us/k: host time of one replay call, device idle before it (no sync, no readback; "
           "not a protocol column)")
+    if latency_calls > 0:
+        one = sides_by_n[1] if 1 in sides_by_n else make_sides(1, dev, frameworks)
+        last_latency.clear()
+        last_latency.update(latency_table(one, latency_calls))
     for name in ("torch", "tinygrad"):
         if name in frameworks and name in _UNAVAILABLE:
             print(f"{name}: {_UNAVAILABLE[name]}, skipped")
