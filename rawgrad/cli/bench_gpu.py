@@ -19,6 +19,11 @@ the GPU busy or blocked until all of it is queued: rawgrad's queue carries both 
 bracketed TinyJit replay is held behind a host-released gate signal; CUDA work is queued behind a spin
 kernel (`clock64` busy loop), and whether that hold really covered the launch is recorded per replay.
 
+On AMD (`DEV=AMD`, or `device="AMD"`) the same sections run: the empty kernel is LLVM IR for the gfx
+target, GPU times come from RELEASE_MEM clock writes (10-ns ticks, converted through the device's clock), and
+there is no CUDA to compare with (those sections record why). On a mock GPU (`NV_MOCK=1`, `AMD_MOCK=1`) sizes
+are capped and every number is labelled "mock, not hardware": it proves the code paths, nothing about speed.
+
 Every section is wrapped: a failure prints its traceback and the run continues with the next section. The
 result is a dict (and JSON: `json_path`, else `$OUT/bench_gpu.json` when OUT is set) plus a printed table.
 """
@@ -115,6 +120,14 @@ DISPATCH_MAX_RATIO = 1.0
 BANDWIDTH_MIN_RATIO = 0.8
 TRACEBACK_LINES = 12  # printed per failed section (the JSON keeps the whole traceback)
 JSON_NAME = "bench_gpu.json"
+
+
+# The same empty kernel for an AMD gfx target: LLVM IR the device's AMDGPU compiler turns into a code object.
+EMPTY_AMDGPU_IR = (f"define amdgpu_kernel void @{EMPTY_KERNEL}() #0 {{\n"
+                   "  ret void\n"
+                   "}\n"
+                   f'attributes #0 = {{ nounwind "amdgpu-flat-work-group-size"="1,{EMPTY_THREADS}" }}\n')
+MOCK_LABEL = "mock, not hardware"  # how every number measured on a mock GPU is labelled
 
 
 def empty_kernel_ptx(arch: str) -> str:
@@ -240,6 +253,8 @@ def open_rawgrad_device(name: str = DEFAULT_DEVICE) -> tuple[Any, dict[str, Any]
     info: dict[str, Any] = {"rawgrad_device": dev.name, "type": type(dev).__name__}
     info["arch"] = getattr(dev, "arch", None)
     info["mock"] = bool(getattr(dev, "is_mock", False))
+    if info["mock"]:
+        info["numbers"] = MOCK_LABEL
     nv = getattr(dev, "nv", None)
     if nv is not None:
         info["driver_version"] = getattr(nv, "driver_version", None)
@@ -258,10 +273,24 @@ def open_rawgrad_device(name: str = DEFAULT_DEVICE) -> tuple[Any, dict[str, Any]
     return dev, info
 
 
+def _is_amd(dev: Any) -> bool:
+    return str(getattr(dev, "name", "")).partition(":")[0] == "AMD"
+
+
+def empty_kernel_label(dev: Any) -> str:
+    return f"{EMPTY_KERNEL} (LLVM IR, 'ret void')" if _is_amd(dev) else f"{EMPTY_KERNEL} (PTX, 'ret;')"
+
+
 def load_empty_kernel(dev: Any) -> Any:
     """Compile the hand-written empty kernel with the device's own compiler and load it."""
-    lib = dev.compiler.compile(empty_kernel_ptx(dev.arch))
-    return dev.program(EMPTY_KERNEL, lib)
+    source = EMPTY_AMDGPU_IR if _is_amd(dev) else empty_kernel_ptx(dev.arch)
+    return dev.program(EMPTY_KERNEL, dev.compiler.compile(source))
+
+
+def _ticks_ns(dev: Any, ticks: int | float) -> int:
+    """Device timestamp ticks (or a difference of them) in ns (AMD counts 10-ns ticks; NV counts ns)."""
+    from rawgrad.hcq.signal import device_clock
+    return device_clock(dev).ticks_to_ns(ticks)
 
 
 def _sync(dev: Any) -> None:
@@ -277,6 +306,9 @@ def _idle(dev: Any) -> None:
     nv = getattr(dev, "nv", None)
     if nv is not None:
         nv.synchronize(SYNC_TIMEOUT_S)  # every channel's retirement
+    ring = getattr(dev, "pm4_ring", None)
+    if ring is not None:  # AMD: the PM4 ring read past the last replay's trailing NOP (a rebind waits for it)
+        ring.wait_retired(ring.write, queue="bench idle", timeout_s=SYNC_TIMEOUT_S)
 
 
 CLOCK_CHECK_S = 0.05  # host interval over which PTIMER's rate is compared with the host clock
@@ -351,7 +383,7 @@ def rawgrad_queue_dispatch(dev: Any, lengths: Sequence[int], repeats: int, warmu
             h2 = time.perf_counter_ns()
             if i >= warmup:
                 host_ns.append(h1 - h0)
-                gpu_ns.append(end.timestamp - start.timestamp)
+                gpu_ns.append(_ticks_ns(dev, end.timestamp - start.timestamp))
                 wall_ns.append(h2 - h0)
                 stamps.append((start.timestamp, end.timestamp))
         # Ordered: each replay's end is not before its start, and each start is not before the previous end
@@ -372,7 +404,7 @@ def rawgrad_queue_dispatch(dev: Any, lengths: Sequence[int], repeats: int, warmu
               f"host {_f(row.get('host_us_per_replay'), '.2f'):>9s} us/replay "
               f"({len(q.words())} words, {len(q.patch_points)} patch points, ordered={ordered})", flush=True)
         del q
-    return {"path": "bound HWQueue (timestamps inside the queue)", "kernel": f"{EMPTY_KERNEL} (PTX, 'ret;')",
+    return {"path": "bound HWQueue (timestamps inside the queue)", "kernel": empty_kernel_label(dev),
             "threads": EMPTY_THREADS, "chains": chains}
 
 
@@ -414,7 +446,7 @@ class _Gate:
         _sync(self.dev)
         wall = time.perf_counter_ns() - w0
         self.stamps.append((self.start.timestamp, self.end.timestamp))
-        return self.end.timestamp - self.start.timestamp, host, wall
+        return _ticks_ns(self.dev, self.end.timestamp - self.start.timestamp), host, wall
 
 
 def rawgrad_graph_dispatch(dev: Any, lengths: Sequence[int], repeats: int, warmup: int,
@@ -457,7 +489,7 @@ def rawgrad_graph_dispatch(dev: Any, lengths: Sequence[int], repeats: int, warmu
               f"host {_f(row.get('host_us_per_replay'), '.2f'):>9s} us/replay, "
               f"pipelined {_f(row.get('pipelined_us_per_replay'), '.2f')} us/replay", flush=True)
         del graph
-    return {"path": "HCQGraph.submit (TinyJit's replay engine)", "kernel": f"{EMPTY_KERNEL} (PTX, 'ret;')",
+    return {"path": "HCQGraph.submit (TinyJit's replay engine)", "kernel": empty_kernel_label(dev),
             "threads": EMPTY_THREADS, "chains": chains}
 
 
@@ -974,7 +1006,7 @@ def run(chain: int = DEFAULT_CHAIN, elements: int = DEFAULT_ELEMENTS, repeats: i
             caps = {"chain": min(chain, MOCK_MAX_CHAIN), "elements": min(elements, MOCK_MAX_ELEMENTS),
                     "repeats": min(repeats, MOCK_MAX_REPEATS)}
             if caps != {"chain": chain, "elements": elements, "repeats": repeats}:
-                print(f"    mock GPU (PTX interpreter): sizes capped to {caps}", flush=True)
+                print(f"    mock GPU ({MOCK_LABEL}): sizes capped to {caps}", flush=True)
                 res["meta"]["mock_caps"] = caps
             chain, elements, repeats = caps["chain"], caps["elements"], caps["repeats"]
             extra_chains = [min(n, MOCK_MAX_CHAIN) for n in extra_chains]
@@ -989,6 +1021,9 @@ def run(chain: int = DEFAULT_CHAIN, elements: int = DEFAULT_ELEMENTS, repeats: i
     res["meta"].update({"chain": chain, "chains": lengths, "elements": elements, "repeats": repeats,
                         "warmup": warmup, "bandwidth_repeats": bandwidth_repeats})
     skipped = {"skipped": f"no rawgrad device ({res['device'].get('error')})"}
+    # the CUDA references measure an NVIDIA GPU: next to an AMD device they would compare different hardware
+    no_cuda = ({"unavailable": "the CUDA references need an NVIDIA GPU (the device under test is AMD)"}
+               if dev is not None and _is_amd(dev) else None)
 
     if "dispatch" in sections:
         program = r.section("rawgrad_empty_kernel", load_empty_kernel, dev) if dev is not None else None
@@ -1001,8 +1036,11 @@ def run(chain: int = DEFAULT_CHAIN, elements: int = DEFAULT_ELEMENTS, repeats: i
             res["dispatch"][key] = out if out is not None else _failed(res, key)
         del program
         # CUDA after rawgrad's device exists; never both at once (every measurement above has finished).
-        out = r.section("cuda_graph", cuda_graph_dispatch, lengths, repeats, warmup)
-        res["dispatch"]["cuda_graph"] = out if out is not None else _failed(res, "cuda_graph")
+        if no_cuda is not None:
+            res["dispatch"]["cuda_graph"] = no_cuda
+        else:
+            out = r.section("cuda_graph", cuda_graph_dispatch, lengths, repeats, warmup)
+            res["dispatch"]["cuda_graph"] = out if out is not None else _failed(res, "cuda_graph")
 
     if "bandwidth" in sections:
         if dev is None:
@@ -1012,9 +1050,12 @@ def run(chain: int = DEFAULT_CHAIN, elements: int = DEFAULT_ELEMENTS, repeats: i
                             bandwidth_warmup)
             _free_rawgrad(dev)  # its arrays went with the section's frame (or its traceback, below)
             res["bandwidth"]["rawgrad"] = out if out is not None else _failed(res, "rawgrad_bandwidth")
-        out = r.section("torch_bandwidth", torch_copy_bandwidth, elements, bandwidth_repeats,
-                        bandwidth_warmup)
-        res["bandwidth"]["torch"] = out if out is not None else _failed(res, "torch_bandwidth")
+        if no_cuda is not None:
+            res["bandwidth"]["torch"] = no_cuda
+        else:
+            out = r.section("torch_bandwidth", torch_copy_bandwidth, elements, bandwidth_repeats,
+                            bandwidth_warmup)
+            res["bandwidth"]["torch"] = out if out is not None else _failed(res, "torch_bandwidth")
 
     _fill_ratios(res, chain)
     res["meta"]["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -1030,6 +1071,15 @@ def dispatch(chain: int = DEFAULT_CHAIN, repeats: int = DEFAULT_REPEATS, *, quic
     if json_path is None and os.environ.get("OUT"):
         json_path = os.path.join(os.environ["OUT"], "bench_gpu_dispatch.json")
     return run(chain, repeats=repeats, json_path=json_path, sections=("dispatch",), quick=quick)
+
+
+def default_device_kind() -> str | None:
+    """The kind of the default device (DEV, else auto-detected): "NV", "AMD", ...; None when none works."""
+    try:
+        from rawgrad.hcq import Device
+        return Device.DEFAULT.partition(":")[0]
+    except Exception:  # noqa: BLE001 - no usable device at all
+        return None
 
 
 def default_is_nv() -> bool:
@@ -1057,7 +1107,7 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append(f"rawgrad device: {dev.get('rawgrad_device')} {dev.get('arch')} "
                      f"pci {dev.get('pci_device_id')} driver {dev.get('driver_version')} "
                      f"compute class {dev.get('compute_class')}"
-                     f"{' (MOCK GPU: numbers are not hardware numbers)' if dev.get('mock') else ''}")
+                     f"{f' (MOCK GPU: {MOCK_LABEL})' if dev.get('mock') else ''}")
     cuda = res["dispatch"].get("cuda_graph") or {}
     torch_bw = res["bandwidth"].get("torch") or {}
     cuda_dev = cuda.get("cuda_device") or torch_bw.get("cuda_device")
@@ -1142,9 +1192,9 @@ def format_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool = False, json_path: str | None = None) -> int:
+def main(quick: bool = False, json_path: str | None = None, device: str = DEFAULT_DEVICE) -> int:
     """`python -m rawgrad bench gpu`: 0 when every section ran, 1 when one failed (see the table)."""
-    res = run(json_path=json_path, quick=quick)
+    res = run(json_path=json_path, quick=quick, device=device)
     return 1 if res["errors"] else 0
 
 

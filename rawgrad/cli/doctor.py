@@ -959,10 +959,10 @@ def _amd_checks(report: DoctorReport, os_iface: Any, mock: Any) -> str | None:
             import numpy as np
 
             src, dst = dev.allocator.alloc(64), dev.allocator.alloc(64)
-            dev.allocator.copyin(src, memoryview(np.arange(16, dtype=np.int32)))
+            dev.allocator.copyin(src, np.arange(16, dtype=np.int32).data)
             dev.timeline_submit(lambda q: q.copy(dst.va_addr, src.va_addr, 64))
             out = np.zeros(16, np.int32)
-            dev.allocator.copyout(memoryview(out), dst)
+            dev.allocator.copyout(out.data, dst)
             if not np.array_equal(out, np.arange(16)):
                 raise AssertionError(f"the copy kernel gave {out.tolist()}")
             what += "; the copy kernel ran on the RDNA3 interpreter"

@@ -1,4 +1,4 @@
-"""Command line: `python -m rawgrad [demo | info | doctor | smoke | infer minilm|gpt2 |
+"""Command line: `python -m rawgrad [demo | info | doctor | smoke | amd-smoke | infer minilm|gpt2 |
 bench cpu|dispatch|infer|saved-graph|gpu]` (rawgrad/__main__.py runs `run` from here)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rawgrad import Device, Tensor, config, progress
-from rawgrad.cli import bench_gpu, nv_smoke
+from rawgrad.cli import amd_smoke, bench_gpu, nv_smoke
 from rawgrad.cli.bench import bench_cpu, bench_saved_graph, blas_description, run_without_blas_overrides
 from rawgrad.cli.bench_dispatch import CHAIN_LENGTHS, bench_dispatch
 from rawgrad.cli.bench_infer import bench_infer
@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--verbose", action="store_true", help="list every ioctl, RM class and control")
     smoke = sub.add_parser("smoke", help="NV bring-up smoke run, one mechanism per step (table + JSON)")
     nv_smoke.add_arguments(smoke)
+    amd = sub.add_parser("amd-smoke", help="AMD bring-up checklist for the first real AMD GPU, one step per "
+                                           "mechanism (table + JSON)")
+    amd_smoke.add_arguments(amd)
     infer = sub.add_parser("infer", help="run a model through its captured graph")
     infer_sub = infer.add_subparsers(dest="model", required=True)
     ml = infer_sub.add_parser("minilm", help="sentence embeddings with all-MiniLM-L6-v2")
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         return doctor_main(["--verbose"] if args.verbose else [])
     if args.cmd == "smoke":
         return nv_smoke.run_command(args)
+    if args.cmd == "amd-smoke":
+        return amd_smoke.run_command(args)
     if args.cmd == "infer" and args.model == "minilm":
         return infer_minilm(args.sentences, args.show, args.repeats)
     if args.cmd == "infer" and args.model == "gpt2":
@@ -244,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             bench_gpu.dispatch(quick=args.quick, json_path=args.json)
         return 0
     if args.cmd == "bench" and args.what == "gpu":
+        if bench_gpu.default_device_kind() == "AMD":  # DEV=AMD (AMD_MOCK=1: the mock, labelled as such)
+            return bench_gpu.main(quick=args.quick, json_path=args.json, device="AMD")
         if missing_driver() is not None:  # nothing of it can run: say why in one line, not a table of n/a
             raise DeviceUnavailable("NV", str(missing_driver()), hint="bench gpu needs an NVIDIA GPU (bench "
-                                    "cpu, dispatch and infer run without one)")
+                                    "cpu, dispatch and infer run without one; DEV=AMD runs it on AMD)")
         return bench_gpu.main(quick=args.quick, json_path=args.json)
     if args.cmd == "bench":
         return bench_cpu(quick=args.quick)

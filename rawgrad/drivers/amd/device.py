@@ -241,6 +241,11 @@ class AMDDevice(HCQDevice):
             self._teardown()
             raise
 
+    @property
+    def is_mock(self) -> bool:
+        """Whether this is the mock GPU (its numbers are not hardware numbers)."""
+        return self.mock is not None
+
     def __repr__(self) -> str:
         mock = " (mock)" if self.mock is not None else ""
         return f"<AMDDevice {self.name} {getattr(self, 'arch', '?')}{mock}>"

@@ -201,16 +201,17 @@ def lds_granules(nbytes: int) -> int:
     return g
 
 
-def kernarg_user_sgpr(kd: KernelDescriptor) -> int:
+def kernarg_user_sgpr(kd: KernelDescriptor) -> int | None:
     """Index of the first of the two user SGPRs (= COMPUTE_USER_DATA_n) the CP loads the kernarg pointer into,
-    from the descriptor's code properties; refuses user SGPRs a PM4 dispatch cannot provide."""
+    from the descriptor's code properties (None: a kernel without arguments asks for no kernarg pointer);
+    refuses user SGPRs a PM4 dispatch cannot provide."""
     props = kd.kernel_code_properties
     asked = [name for bit, _, name in USER_SGPR_ORDER if props & bit & UNSUPPORTED_USER_SGPRS]
     if asked:
         raise ValueError(f"kernel descriptor asks for the {', '.join(asked)} user SGPRs, which a PM4 "
                          "dispatch does not set up")
     if not props & KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR:
-        raise ValueError("kernel descriptor does not ask for the kernarg segment pointer")
+        return None
     index = 0
     for bit, size, _ in USER_SGPR_ORDER:
         if bit == KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR:
@@ -266,7 +267,9 @@ def encode_dispatch(co: AMDCodeObject, image_va: int, kernarg_va: int, grid: tup
     if kd.private_segment_fixed_size and not tmpring_size:
         raise ValueError(f"{co.name}: needs {kd.private_segment_fixed_size} bytes of scratch per work-item "
                          "but no TMPRING_SIZE was given")
-    user = kernarg_user_sgpr(kd)
+    # A kernel without arguments loads no kernarg pointer: USER_DATA_0/1 are still written (the CP loads only
+    # USER_SGPR_COUNT of them, so the words are inert) so that every dispatch has the same patchable shape.
+    user = kernarg_user_sgpr(kd) or 0
     rsrc2 = kd.compute_pgm_rsrc2 | (lds_granules(kd.group_segment_fixed_size) << regs.RSRC2_LDS_SIZE_SHIFT)
     initiator = regs.INITIATOR_COMPUTE_SHADER_EN | regs.INITIATOR_FORCE_START_AT_000 | \
         (regs.INITIATOR_CS_W32_EN if kd.wave32 else 0)
