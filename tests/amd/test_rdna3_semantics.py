@@ -3,15 +3,17 @@ output changes; these keep working when it starts emitting them again), checked 
 VALU mnemonic of the generated table has semantics."""
 from __future__ import annotations
 
+import struct
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from rawgrad.drivers.amd.mock.rdna3 import interp
+from rawgrad.drivers.amd.mock.rdna3 import corpus, interp
 from rawgrad.drivers.amd.mock.rdna3.decode import mnemonic_base
 from rawgrad.drivers.amd.mock.rdna3.optable import OPTABLE
 from rawgrad.drivers.amd.mock.rdna3.optable_ops import OPTABLE_OPS
+from tests.amd.test_rdna3_interp import Buffers, _groups
 
 RNG = np.random.default_rng(11)
 F32 = (RNG.standard_normal(64) * 10).astype(np.float32)
@@ -115,7 +117,7 @@ def test_tables_agree() -> None:
 
 
 def test_every_table_valu_mnemonic_has_semantics() -> None:
-    valu = sorted({mnemonic_base(m) for (fmt, _), m in OPTABLE.items()
+    valu = sorted({mnemonic_base(m) for (fmt, _), m in [*OPTABLE.items(), *OPTABLE_OPS.items()]
                    if fmt in ("VOP1", "VOP2", "VOPC", "VOP3", "VOP3P", "VOPDX", "VOPDY")})
     assert valu and [b for b in valu if not interp._semantics_known(b)] == []
 
@@ -178,3 +180,159 @@ def test_fma64_is_rounded_once() -> None:
         same = (got == want) & (np.signbit(got) == np.signbit(want)) | (np.isnan(got) & np.isnan(want))
         bad = zip(a[~same], b[~same], c[~same], got[~same], want[~same])
         assert same.all(), [tuple(v.hex() for v in row) for row in bad][:3]
+
+
+# ---------------------------------------------------------------- bit counts, byte permutes, packed f16, SALU
+# Edge values: zero, all ones, the sign bit alone, the largest positive, single high bits, alternating bits.
+EDGE32 = np.array([0, 0xFFFFFFFF, 1, 0x80000000, 0x7FFFFFFF, 0x40000000, 0xC0000000, 0xBFFFFFFF, 0x55555555,
+                   0xAAAAAAAA, 0x00010000, 0xFFFF0000, 2, 0xFFFFFFFE], np.uint32)
+
+
+def _clz_ref(x: int) -> int:
+    return 32 - x.bit_length()
+
+
+def _ctz_ref(x: int) -> int:
+    return 32 if x == 0 else (x & -x).bit_length() - 1
+
+
+def _cls_ref(x: int) -> int:
+    """RDNA3 V_CLS_I32 pseudocode: D = -1; for i in 1..31: if S0[31 - i] != S0[31]: D = i; break."""
+    sign = x >> 31
+    for i in range(1, 32):
+        if (x >> (31 - i)) & 1 != sign:
+            return i
+    return -1
+
+
+def _perm_ref(s0: int, s1: int, sel: int) -> int:
+    """RDNA3 V_PERM_B32 pseudocode (BYTE_PERMUTE over the bytes of {S0, S1}, S1 the low four)."""
+    data = (s0 << 32) | s1
+    out = 0
+    for k in range(4):
+        b = (sel >> (8 * k)) & 0xFF
+        if b >= 13:
+            byte = 0xFF
+        elif b == 12:
+            byte = 0
+        elif b >= 8:
+            byte = 0xFF * ((data >> (8 * (2 * (b - 8) + 1) + 7)) & 1)
+        else:
+            byte = (data >> (8 * b)) & 0xFF
+        out |= byte << (8 * k)
+    return out
+
+
+def test_bit_count_helpers_match_the_isa_pseudocode() -> None:
+    xs = np.concatenate([EDGE32, U32])
+    as_i32 = lambda v: np.asarray(v).astype(np.uint32).view(np.int32)  # noqa: E731
+    np.testing.assert_array_equal(as_i32(interp._clz_i32_u32(xs)),
+                                  [-1 if x == 0 else _clz_ref(int(x)) for x in xs])
+    np.testing.assert_array_equal(as_i32(interp._ctz_i32_b32(xs)),
+                                  [-1 if x == 0 else _ctz_ref(int(x)) for x in xs])
+    np.testing.assert_array_equal(as_i32(interp._cls_i32(xs)), [_cls_ref(int(x)) for x in xs])
+
+
+def test_perm_b32_every_selector() -> None:
+    sel = np.arange(256, dtype=np.uint32)
+    sel = sel | (sel[::-1] << np.uint32(8)) | (((sel * 7) % 256) << np.uint32(16)) \
+        | (((sel * 13) % 16) << np.uint32(24))
+    s0 = np.resize(np.concatenate([EDGE32, U32]), sel.size)
+    s1 = np.resize(np.concatenate([V32, EDGE32[::-1]]), sel.size)
+    want = [_perm_ref(int(a), int(b), int(c)) for a, b, c in zip(s0, s1, sel)]
+    np.testing.assert_array_equal(interp._perm_b32(s0, s1, sel), np.array(want, np.uint32))
+
+
+def _nearest(exact: Fraction, dtype: type) -> float:
+    """The `dtype` float nearest to an exact finite value, ties to even (no detour through float64)."""
+    big = np.finfo(dtype).max
+    if abs(exact) >= Fraction(float(big)) + Fraction(float(big - np.nextafter(big, dtype(0)))) / 2:
+        return dtype(np.inf) if exact > 0 else dtype(-np.inf)  # past the largest finite by half an ulp
+    guess = np.array(float(exact)).astype(dtype)
+    around = [np.nextafter(guess, dtype(-np.inf)), guess, np.nextafter(guess, dtype(np.inf))]
+    bits = {np.float16: np.uint16, np.float32: np.uint32}[dtype]
+    finite = [f for f in around if np.isfinite(f)]
+    return min(finite, key=lambda f: (abs(Fraction(float(f)) - exact), int(np.array(f).view(bits)) & 1))
+
+
+def _maxnum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IEEE maxNum for inputs without a (+0, -0) pair: a NaN operand gives the other one."""
+    return np.where(np.isnan(b) | (a > b), a, b)
+
+
+def _minnum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(b) | (a < b), a, b)
+
+
+def _halves(rng: np.random.Generator, n: int) -> np.ndarray:
+    h = (rng.standard_normal(2 * n) * 8).astype(np.float16)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 6.1e-5, -3e-7, 65504, 1.0], np.float16)
+    h[: min(h.size, special.size)] = special[: h.size]
+    return h
+
+
+@pytest.mark.parametrize("n", [1, 37, 100])
+def test_bits_and_packed_f16_kernel(n: int) -> None:
+    """The corpus kernel bits_packed (LLVM's v_clz/v_ctz/v_cls/v_perm and v_pk_*_f16 with op_sel and neg)
+    against the ISA pseudocode and exactly rounded f16 math; lanes past n (EXEC off) write nothing."""
+    rng = np.random.default_rng(40 + n)
+    rand = rng.integers(0, 2**32, 2 * n, dtype=np.uint64).astype(np.uint32)
+    a = np.resize(np.concatenate([EDGE32, rand[:n]]), n)
+    b = np.resize(np.concatenate([EDGE32[::-1], rand[n:]]), n)
+    c = rng.integers(0, 16, 4 * n).astype(np.uint8).view(np.uint32)  # selector bytes 0..15
+    c[::3] = rng.integers(0, 2**32, c[::3].size, dtype=np.uint64).astype(np.uint32)
+    ha, hb = _halves(rng, n), _halves(np.random.default_rng(90 + n), n)[::-1].copy()
+    hb[(ha == 0) & (hb == 0)] = np.float16(2)  # no (+0, -0) pairs: maxnum may return either
+    hb[np.isnan(ha) & np.isnan(hb)] = np.float16(3)
+    m = Buffers()
+    pad = 8  # extra slots: the launch covers 64 lanes, only n may store
+    out, outh = m.out(5 * n + pad, np.uint32), m.out(2 * (5 * n + pad), np.float16)
+    args = struct.pack("<7Qi", out, outh, m.put(a), m.put(b), m.put(c), m.put(ha), m.put(hb), n)
+    interp.run(corpus.program("bits_packed"), m.mem, args, _groups(n), (64, 1, 1))
+    got = m.get(out, np.uint32).reshape(-1)
+    want = np.array([[min(_clz_ref(int(x)), 32), _ctz_ref(int(y)), _cls_ref(int(x)) & 0xFFFFFFFF,
+                      _perm_ref(int(x), int(y), int(z)), _cls_ref(int(y)) & 0xFFFFFFFF]
+                     for x, y, z in zip(a, b, c)], np.uint32).reshape(-1)
+    np.testing.assert_array_equal(got[: 5 * n], want)
+    assert (got[5 * n:] == 0xABABABAB).all()  # lanes n.. of the last wave are off in EXEC: untouched
+    x, y = ha.reshape(n, 2), hb.reshape(n, 2)
+    ys = y[:, ::-1]
+    with np.errstate(all="ignore"):
+        fma = np.array([[_nearest(Fraction(float(p)) * Fraction(float(q)) + Fraction(float(r)), np.float16)
+                         if np.isfinite([p, q, r]).all() and np.isfinite(float(p) * float(q) + float(r))
+                         else np.float16(np.float32(p) * np.float32(q) + np.float32(r))
+                         for p, q, r in zip(xx, qq, rr)] for xx, qq, rr in zip(x, ys, y)], np.float16)
+        want_h = np.stack([_maxnum(x, ys), _minnum(x, y), x - y, x * y, fma], axis=1).reshape(-1)
+    got_h = m.get(outh, np.float16)
+    same = (got_h[: 10 * n] == want_h) | (np.isnan(got_h[: 10 * n]) & np.isnan(want_h))
+    same &= (np.signbit(got_h[: 10 * n]) == np.signbit(want_h)) | np.isnan(want_h)
+    assert same.all(), (np.nonzero(~same)[0][:5], got_h[: 10 * n][~same][:5], want_h[~same][:5])
+    assert (got_h[10 * n:].view(np.uint16) == 0xABAB).all()
+
+
+def _salu_ref(a: int, b: int, c: int, d: int) -> list[int]:
+    """What scalar_ops stores for i32 arguments a, b (as unsigned 32-bit) and i64 c, d."""
+    sa, sb = a - (1 << 32) * (a >> 31), b - (1 << 32) * (b >> 31)
+    u = 0xFFFFFFFF
+    x0 = (a + b) & u
+    return [(a * b) >> 32, ((sa * sb) >> 32) & u, ((a << 1) + b) & u, ((b << 2) + a) & u,
+            a & ~(1 << (b & 31)) & u, a | (1 << (b & 31)), (sa * 1000) & u,
+            b if sa == 1000 else 77, a if b < 4000 else 99, b if sa > -300 else 55,
+            _clz_ref(a), _ctz_ref(b), _cls_ref(a) & u, a if c == d else b, b if c != d else 3,
+            _cls_ref(b) & u,
+            (((x0 & ~(1 << 16)) | (1 << 20)) * 1000) & u, x0 & ~(1 << 16), ((a - b) & u) | (1 << 20)]
+
+
+@pytest.mark.parametrize("a,b,c,d", [(1000, 5000, 7, 7), (0xFFFFFFF9, 3, -1, 1 << 40),
+                                     (0x80000000, 0xFFFFFFFF, 0, 0), (0, 0, 2**63 - 1, -(2**63)),
+                                     (0xFFFFFED4, 3999, 5, 4), (0x7FFFFFFF, 31, 9, 9),
+                                     (1000, 4000, 1 << 33, (1 << 33) + 1)])
+def test_scalar_ops_kernel(a: int, b: int, c: int, d: int) -> None:
+    """The corpus kernel scalar_ops: LLVM's s_mul_hi_u32/i32, s_lshl1/2_add_u32, s_bitset0/1_b32,
+    s_mulk_i32, s_cmpk_eq_i32/lt_u32/gt_i32, s_clz/ctz/cls, s_cmp_eq_u64 on uniform kernel arguments."""
+    m = Buffers()
+    out = m.out(20, np.uint32)
+    args = struct.pack("<QIIqq", out, a, b, c, d)
+    interp.run(corpus.program("scalar_ops"), m.mem, args, (1, 1, 1), (64, 1, 1))
+    np.testing.assert_array_equal(m.get(out, np.uint32)[:19], np.array(_salu_ref(a, b, c, d), np.uint64))
+    assert m.get(out, np.uint32)[19] == 0xABABABAB

@@ -48,6 +48,13 @@ declare half @llvm.maxnum.f16(half, half)
 declare i32 @llvm.amdgcn.ds.bpermute(i32, i32)
 declare i32 @llvm.bitreverse.i32(i32)
 declare i32 @llvm.fshr.i32(i32, i32, i32)
+declare i32 @llvm.ctlz.i32(i32, i1)
+declare i32 @llvm.cttz.i32(i32, i1)
+declare i32 @llvm.amdgcn.sffbh.i32(i32)
+declare i32 @llvm.amdgcn.perm(i32, i32, i32)
+declare <2 x half> @llvm.maxnum.v2f16(<2 x half>, <2 x half>)
+declare <2 x half> @llvm.minnum.v2f16(<2 x half>, <2 x half>)
+declare <2 x half> @llvm.fma.v2f16(<2 x half>, <2 x half>, <2 x half>)
 """
 
 # a barrier as an AMD renderer writes it: workgroup-scope release, s_barrier, acquire (tinygrad's AMD-LLVM)
@@ -501,8 +508,118 @@ INT64 = _kernel("int64", f"{_G} %out, {_G} %out2, {_G} %a, {_G} %b, i32 %n", _GL
 done:
   ret void""", (64, 1))
 
+# per-lane bit counts and byte permutes (v_clz_i32_u32, v_ctz_i32_b32, v_cls_i32, v_perm_b32) and packed
+# f16 math (v_pk_max/min/add/mul/fma_f16, with op_sel swapping halves and neg): out[5 i + k], outh[5 i + k]
+BITS_PACKED = _kernel("bits_packed", f"{_G} %out, {_G} %outh, {_G} %a, {_G} %b, {_G} %c, {_G} %ha, {_G} %hb, "
+                      "i32 %n", _GLOBAL_INDEX + """
+  %pa = getelementptr i32, ptr addrspace(1) %a, i32 %i
+  %pb = getelementptr i32, ptr addrspace(1) %b, i32 %i
+  %pc = getelementptr i32, ptr addrspace(1) %c, i32 %i
+  %va = load i32, ptr addrspace(1) %pa
+  %vb = load i32, ptr addrspace(1) %pb
+  %vc = load i32, ptr addrspace(1) %pc
+  %clz = call i32 @llvm.ctlz.i32(i32 %va, i1 false)
+  %ctz = call i32 @llvm.cttz.i32(i32 %vb, i1 false)
+  %cls = call i32 @llvm.amdgcn.sffbh.i32(i32 %va)
+  %perm = call i32 @llvm.amdgcn.perm(i32 %va, i32 %vb, i32 %vc)
+  %clsb = call i32 @llvm.amdgcn.sffbh.i32(i32 %vb)
+  %o = mul i32 %i, 5
+  %o1 = add i32 %o, 1
+  %o2 = add i32 %o, 2
+  %o3 = add i32 %o, 3
+  %o4 = add i32 %o, 4
+  %q0 = getelementptr i32, ptr addrspace(1) %out, i32 %o
+  %q1 = getelementptr i32, ptr addrspace(1) %out, i32 %o1
+  %q2 = getelementptr i32, ptr addrspace(1) %out, i32 %o2
+  %q3 = getelementptr i32, ptr addrspace(1) %out, i32 %o3
+  %q4 = getelementptr i32, ptr addrspace(1) %out, i32 %o4
+  store i32 %clz, ptr addrspace(1) %q0
+  store i32 %ctz, ptr addrspace(1) %q1
+  store i32 %cls, ptr addrspace(1) %q2
+  store i32 %perm, ptr addrspace(1) %q3
+  store i32 %clsb, ptr addrspace(1) %q4
+  %pha = getelementptr <2 x half>, ptr addrspace(1) %ha, i32 %i
+  %phb = getelementptr <2 x half>, ptr addrspace(1) %hb, i32 %i
+  %x = load <2 x half>, ptr addrspace(1) %pha
+  %y = load <2 x half>, ptr addrspace(1) %phb
+  %ys = shufflevector <2 x half> %y, <2 x half> poison, <2 x i32> <i32 1, i32 0>
+  %mx = call <2 x half> @llvm.maxnum.v2f16(<2 x half> %x, <2 x half> %ys)
+  %mn = call <2 x half> @llvm.minnum.v2f16(<2 x half> %x, <2 x half> %y)
+  %ny = fneg <2 x half> %y
+  %ad = fadd <2 x half> %x, %ny
+  %mu = fmul <2 x half> %x, %y
+  %fm = call <2 x half> @llvm.fma.v2f16(<2 x half> %x, <2 x half> %ys, <2 x half> %y)
+  %h0 = getelementptr <2 x half>, ptr addrspace(1) %outh, i32 %o
+  %h1 = getelementptr <2 x half>, ptr addrspace(1) %outh, i32 %o1
+  %h2 = getelementptr <2 x half>, ptr addrspace(1) %outh, i32 %o2
+  %h3 = getelementptr <2 x half>, ptr addrspace(1) %outh, i32 %o3
+  %h4 = getelementptr <2 x half>, ptr addrspace(1) %outh, i32 %o4
+  store <2 x half> %mx, ptr addrspace(1) %h0
+  store <2 x half> %mn, ptr addrspace(1) %h1
+  store <2 x half> %ad, ptr addrspace(1) %h2
+  store <2 x half> %mu, ptr addrspace(1) %h3
+  store <2 x half> %fm, ptr addrspace(1) %h4
+  br label %done
+done:
+  ret void""", (64, 1))
+
+# scalar (SALU) forms of uniform kernel arguments: s_mul_hi_u32/i32, s_lshl1/2_add_u32, s_bitset0/1_b32,
+# s_mulk_i32, s_cmpk_*, s_clz_i32_u32, s_ctz_i32_b32, s_cls_i32, s_cmp_eq_u64; work-item 0 stores out[0..18]
+SCALAR_OPS = _kernel("scalar_ops", f"{_G} %out, i32 %a, i32 %b, i64 %c, i64 %d", """\
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %body, label %done
+body:
+  %wa = zext i32 %a to i64
+  %wb = zext i32 %b to i64
+  %pu = mul i64 %wa, %wb
+  %phu = lshr i64 %pu, 32
+  %r0 = trunc i64 %phu to i32
+  %sa = sext i32 %a to i64
+  %sb = sext i32 %b to i64
+  %ps = mul i64 %sa, %sb
+  %phs = lshr i64 %ps, 32
+  %r1 = trunc i64 %phs to i32
+  %l1 = shl i32 %a, 1
+  %r2 = add i32 %l1, %b
+  %l2 = shl i32 %b, 2
+  %r3 = add i32 %l2, %a
+  %bit = and i32 %b, 31
+  %one = shl i32 1, %bit
+  %notone = xor i32 %one, -1
+  %r4 = and i32 %a, %notone
+  %r5 = or i32 %a, %one
+  %r6 = mul i32 %a, 1000
+  %k1 = icmp eq i32 %a, 1000
+  %r7 = select i1 %k1, i32 %b, i32 77
+  %k2 = icmp ult i32 %b, 4000
+  %r8 = select i1 %k2, i32 %a, i32 99
+  %k3 = icmp sgt i32 %a, -300
+  %r9 = select i1 %k3, i32 %b, i32 55
+  %r10 = call i32 @llvm.ctlz.i32(i32 %a, i1 false)
+  %r11 = call i32 @llvm.cttz.i32(i32 %b, i1 false)
+  %r12 = call i32 @llvm.amdgcn.sffbh.i32(i32 %a)
+  %k4 = icmp eq i64 %c, %d
+  %r13 = select i1 %k4, i32 %a, i32 %b
+  %k5 = icmp ne i64 %c, %d
+  %r14 = select i1 %k5, i32 %b, i32 3
+  %r15 = call i32 @llvm.amdgcn.sffbh.i32(i32 %b)
+  %x0 = add i32 %a, %b
+  %x1 = and i32 %x0, -65537
+  %x2 = or i32 %x1, 1048576
+  %r16 = mul i32 %x2, 1000
+  %y0 = add i32 %a, %b
+  %r17 = and i32 %y0, -65537
+  %y1 = sub i32 %a, %b
+  %r18 = or i32 %y1, 1048576""" + "".join(f"""
+  %q{k} = getelementptr i32, ptr addrspace(1) %out, i32 {k}
+  store i32 %r{k}, ptr addrspace(1) %q{k}""" for k in range(19)) + """
+  br label %done
+done:
+  ret void""", (64, 1))
+
 KERNELS: tuple[CorpusKernel, ...] = (EW_F32, EW_I32, CAST, REDUCE, MATMUL, DIVERGENT, WGID, EW_F64, EW_F16,
-                                     WAVE_SUM, INT64)
+                                     WAVE_SUM, INT64, BITS_PACKED, SCALAR_OPS)
 
 _GLOBALS = {
     "reduce_sum": '@lds = internal addrspace(3) global [64 x float] poison, align 4\n',

@@ -634,6 +634,64 @@ def _bitrev32(x: np.ndarray) -> np.ndarray:
     return (x >> np.uint32(16)) | (x << np.uint32(16))
 
 
+def _clz32(x: np.ndarray) -> np.ndarray:
+    """Leading zero bits of each uint32 (32 for 0)."""
+    x = np.asarray(x, np.uint32)
+    n = np.zeros(x.shape, np.int32)
+    for shift in (16, 8, 4, 2, 1):  # binary search for the highest set bit
+        top = x >> np.uint32(32 - shift) == 0
+        n = np.where(top, n + shift, n)
+        x = np.where(top, x << np.uint32(shift), x)
+    return np.where(x == 0, 32, n)  # the loop leaves n = 31 for 0; 0 has 32 leading zeros
+
+
+def _find_first(count: np.ndarray, none: np.ndarray) -> np.ndarray:
+    """The ISA's V_CLZ/V_CTZ/V_CLS result: the bit count, or -1 (all ones) where `none` (no bit found)."""
+    return np.where(none, -1, count).astype(np.int32).view(np.uint32)
+
+
+def _clz_i32_u32(x: np.ndarray) -> np.ndarray:
+    """V_CLZ_I32_U32 / S_CLZ_I32_U32: leading zeros counted from bit 31; -1 when no bit is set."""
+    x = np.asarray(x, np.uint32)
+    return _find_first(_clz32(x), x == 0)
+
+
+def _ctz_i32_b32(x: np.ndarray) -> np.ndarray:
+    """V_CTZ_I32_B32 / S_CTZ_I32_B32: trailing zeros counted from bit 0; -1 when no bit is set."""
+    x = np.asarray(x, np.uint32)
+    low = x & (~x + np.uint32(1))  # the lowest set bit alone
+    return _find_first(31 - _clz32(low), x == 0)
+
+
+def _cls_i32(x: np.ndarray) -> np.ndarray:
+    """V_CLS_I32 / S_CLS_I32: the index i (1..31), counted from bit 31, of the first bit that differs from
+    the sign bit, i.e. how many leading bits equal the sign bit; -1 when all 32 bits are equal (0, -1)."""
+    x = np.asarray(x, np.uint32)
+    flipped = np.where(x >> np.uint32(31) != 0, ~x, x)  # the sign bit's copies become leading zeros
+    return _find_first(_clz32(flipped), (x == 0) | (x == np.uint32(0xFFFFFFFF)))
+
+
+def _perm_b32(s0: np.ndarray, s1: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """V_PERM_B32: each result byte picked by the matching byte of S2 from the 8 bytes {S0, S1} (S1 is bytes
+    0-3, S0 bytes 4-7): selector 0-7 a byte, 8-11 the sign of byte 1/3/5/7 spread to 8 bits, 12 zero,
+    13 and above 0xff (RDNA3 ISA, V_PERM_B32 / BYTE_PERMUTE)."""
+    s0, s1, sel = np.broadcast_arrays(np.asarray(s0, np.uint32), np.asarray(s1, np.uint32),
+                                      np.asarray(sel, np.uint32))
+    data = (s0.astype(np.uint64) << np.uint64(32)) | s1.astype(np.uint64)
+    out = np.zeros(s0.shape, np.uint32)
+    for k in range(4):
+        b = (sel >> np.uint32(8 * k)) & np.uint32(0xFF)
+        shift = np.minimum(b, 7).astype(np.uint64) * np.uint64(8)
+        pick = ((data >> shift) & np.uint64(0xFF)).astype(np.uint32)
+        # selectors 8..11 read the top bit of bytes 1, 3, 5, 7
+        sign_byte = 2 * (np.clip(b, 8, 11).astype(np.uint64) - np.uint64(8)) + np.uint64(1)
+        sign = ((data >> (sign_byte * np.uint64(8) + np.uint64(7))) & np.uint64(1)).astype(np.uint32)
+        byte = np.where(b < 8, pick, np.where(b < 12, sign * np.uint32(0xFF),
+                                              np.where(b == 12, np.uint32(0), np.uint32(0xFF))))
+        out |= byte << np.uint32(8 * k)
+    return out
+
+
 # ---------------------------------------------------------------------- VALU semantics
 @dataclass(frozen=True)
 class _VOp:
@@ -780,6 +838,10 @@ _VALU: dict[str, _VOp] = {
     "v_alignbit_b32": _u(lambda a, b, c: (((a.astype(np.uint64) << np.uint64(32)) | b.astype(np.uint64))
                                           >> _sh(c).astype(np.uint64)).astype(np.uint32), 3, "b32"),
     "v_bfrev_b32": _u(_bitrev32, 1, "b32"),
+    "v_clz_i32_u32": _VOp("i32", ("u32",), lambda a: _clz_i32_u32(a).view(np.int32)),
+    "v_ctz_i32_b32": _VOp("i32", ("b32",), lambda a: _ctz_i32_b32(a).view(np.int32)),
+    "v_cls_i32": _VOp("i32", ("u32",), lambda a: _cls_i32(a).view(np.int32)),
+    "v_perm_b32": _u(_perm_b32, 3, "b32"),
     "v_xor3_b32": _u(lambda a, b, c: a ^ b ^ c, 3, "b32"),
     "v_xad_u32": _u(lambda a, b, c: (a ^ b) + c, 3),
     "v_max3_i32": _VOp("i32", ("i32",) * 3, lambda a, b, c: np.maximum(np.maximum(a, b), c)),
@@ -927,7 +989,12 @@ def _write_s64(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
 
 
 # ---------------------------------------------------------------------- VALU execution
-_VALU_SPECIAL = {"v_readfirstlane_b32", "v_readlane_b32", "v_writelane_b32",
+# packed (VOP3P) f16 operations: each half of the result from the halves op_sel / op_sel_hi pick
+_PACKED_F16: dict[str, tuple[int, Callable[..., Any]]] = {
+    "v_pk_max_f16": (2, _fmax), "v_pk_min_f16": (2, _fmin), "v_pk_add_f16": (2, lambda a, b: a + b),
+    "v_pk_mul_f16": (2, lambda a, b: a * b), "v_pk_fma_f16": (3, lambda a, b, c: _fma32(a, b, c, np.float16)),
+}
+_VALU_SPECIAL = {*_PACKED_F16, "v_readfirstlane_b32", "v_readlane_b32", "v_writelane_b32",
                  "v_cndmask_b32", "v_cndmask_b16", "v_fma_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16",
                  "v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32",
                  "v_subrev_co_ci_u32", "v_mad_u64_u32", "v_mad_i64_i32", "v_div_scale_f32", "v_div_scale_f64"}
@@ -1003,6 +1070,43 @@ def _finish_float(st: _State, ins: Instr, r: np.ndarray, ty: str) -> np.ndarray:
     return _flush(r, st.dn32 if ty == "f32" else st.dn16, inputs=False)
 
 
+def _packed_half(st: _State, ins: Instr, op: Operand, w: np.ndarray, hi: bool) -> np.ndarray:
+    """One f16 half of a packed source (bits 31:16 when hi). An inline constant has no defined upper half
+    here: the interpreter refuses to guess it."""
+    if op.kind in ("vgpr", "sgpr", "literal"):
+        bits = _read_bits(st, op, "b32", w)
+        half = (bits >> np.uint32(16)) if hi else bits & np.uint32(0xFFFF)
+        return half.astype(np.uint16).view(np.float16)
+    if hi:
+        raise MockUnsupported(ins.name, f"the upper half of the inline constant {op}")
+    return _typed(_read_bits(st, op, "f16", w), "f16")
+
+
+def _packed_f16(st: _State, ins: Instr, w: np.ndarray, base: str, srcs: list[Operand], vdst: int,
+                lanes: np.ndarray) -> Callable[[], None]:
+    """V_PK_*_F16 (VOP3P): the low result half from the source halves op_sel picks (bit k for source k; 0 the
+    low half), negated by neg; the high half from those op_sel_hi picks, negated by neg_hi (RDNA3 ISA,
+    "VOP3P" packed math). IEEE f16 arithmetic with the f16 denorm mode; clamp to [0, 1]."""
+    nsrc, fn = _PACKED_F16[base]
+    f = ins.fields
+    opsel_hi = f["opsel_hi"] | (f["opsel_hi2"] << 2)
+    halves = []
+    for sel, neg in ((f["opsel"], f["neg"]), (opsel_hi, f["neg_hi"])):
+        vals = []
+        for k in range(nsrc):
+            x = _packed_half(st, ins, srcs[k], w, bool(sel >> k & 1))
+            if neg >> k & 1:
+                x = -x
+            vals.append(_flush(x, st.dn16, inputs=True))
+        with np.errstate(all="ignore"):
+            r = np.asarray(fn(*vals), np.float16)
+        if f["clamp"]:
+            r = np.clip(r, 0, 1).astype(np.float16)
+        halves.append(np.broadcast_to(_flush(r, st.dn16, inputs=False), lanes.shape))
+    lo, hi = (np.ascontiguousarray(h).view(np.uint16).astype(np.uint32) for h in halves)
+    return lambda: _write_v(st, vdst, w, lo | (hi << np.uint32(16)), "b32", lanes)
+
+
 def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
           half: str = "") -> Callable[[], None]:
     """Compute one VALU operation for waves w; returns the write-back (VOPD computes both halves before
@@ -1068,6 +1172,9 @@ def _valu(st: _State, ins: Instr, w: np.ndarray, base: str, mnemonic: str,
         only = np.zeros(lanes.shape, bool)
         only[np.arange(len(w)), lane] = True
         return lambda: _write_v(st, vdst, w, np.broadcast_to(val[:, None], lanes.shape), "b32", only)
+
+    if base in _PACKED_F16:
+        return _packed_f16(st, ins, w, base, srcs, vdst, lanes)
 
     if base in ("v_fma_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16"):
         vals = [_mix_source(st, ins, srcs[k], w, k) for k in range(3)]
@@ -1176,6 +1283,23 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         if base == "s_movk_i32":
             _write_s(st, f["sdst"], w, np.full(len(w), imm, np.int32).view(np.uint32))
             return
+        if base in _SOPK_CMP:
+            # SCC = S0 <op> SIMM16, S0 the register in the sdst field; the immediate is sign-extended for
+            # the _i32 compares and zero-extended for the _u32 ones (RDNA3 ISA, S_CMPK_*)
+            signed = base.endswith("_i32")
+            reg = _s_src(st, Operand("sgpr", f["sdst"]), w)
+            lhs = reg.view(np.int32).astype(np.int64) if signed else reg.astype(np.int64)
+            rhs = int(imm) if signed else f["simm16"]
+            st.scc[w] = _CMP_OPS[base.split("_")[2]](lhs, rhs).astype(np.uint32)
+            return
+        if base in ("s_mulk_i32", "s_addk_i32"):
+            # D = D * SIMM16 (SCC unchanged) / D = D + SIMM16 (SCC = signed overflow), SIMM16 sign-extended
+            d = _s_src(st, Operand("sgpr", f["sdst"]), w).view(np.int32).astype(np.int64)
+            full = d * int(imm) if base == "s_mulk_i32" else d + int(imm)
+            _write_s(st, f["sdst"], w, (full & 0xFFFFFFFF).astype(np.uint32))
+            if base == "s_addk_i32":
+                st.scc[w] = ((full > 2**31 - 1) | (full < -(2**31))).astype(np.uint32)
+            return
         if base == "s_waitcnt_vscnt" and f["sdst"] == SGPR_NULL:
             return  # stores land when they execute here, so waiting for them is a no-op
         if base in ("s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt") and f["sdst"] == SGPR_NULL:
@@ -1205,6 +1329,13 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
             r = ~a
             _write_s(st, f["sdst"], w, r)
             st.scc[w] = (r != 0).astype(np.uint32)
+        elif base in ("s_bitset0_b32", "s_bitset1_b32"):
+            # D[S0[4:0]] = 0 / 1, the other bits of D kept; SCC unchanged
+            bit = np.uint32(1) << (a & np.uint32(31))
+            d = _s_src(st, Operand("sgpr", f["sdst"]), w)
+            _write_s(st, f["sdst"], w, (d | bit) if base == "s_bitset1_b32" else (d & ~bit))
+        elif base in _SOP1_COUNTS:
+            _write_s(st, f["sdst"], w, _SOP1_COUNTS[base](a))  # SCC unchanged (RDNA3 ISA, S_CLZ_I32_U32 ...)
         else:
             raise MockUnsupported(ins.name)
         return
@@ -1247,6 +1378,13 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         r, scc = full & 0xFFFFFFFF, (full > 2**31 - 1) | (full < -(2**31))  # signed overflow
     elif base == "s_mul_i32":
         r = (a64 * b64) & 0xFFFFFFFF
+    elif base == "s_mul_hi_u32":
+        r = (a.astype(np.uint64) * b.astype(np.uint64)) >> np.uint64(32)
+    elif base == "s_mul_hi_i32":
+        r = ((a.view(np.int32).astype(np.int64) * b.view(np.int32).astype(np.int64)) >> 32) & 0xFFFFFFFF
+    elif base in ("s_lshl1_add_u32", "s_lshl2_add_u32", "s_lshl3_add_u32", "s_lshl4_add_u32"):
+        full = (a64 << int(base[6])) + b64  # a 64-bit sum: SCC is its carry out of bit 31
+        r, scc = full & 0xFFFFFFFF, full >> 32 != 0
     elif base in ("s_and_b32", "s_or_b32", "s_xor_b32", "s_and_not1_b32", "s_or_not1_b32", "s_nand_b32",
                   "s_nor_b32", "s_xnor_b32"):
         r = {"s_and_b32": a & b, "s_or_b32": a | b, "s_xor_b32": a ^ b, "s_and_not1_b32": a & ~b,
@@ -1309,9 +1447,15 @@ def _salu(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         st.scc[w] = np.asarray(scc).astype(np.uint32)
 
 
+_SOPK_CMP = {f"s_cmpk_{op}_{ty}" for op in ("eq", "lg", "gt", "ge", "lt", "le") for ty in ("i32", "u32")}
+_SOP1_COUNTS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "s_clz_i32_u32": _clz_i32_u32, "s_ctz_i32_b32": _ctz_i32_b32, "s_cls_i32": _cls_i32}
 _NOPS = {"s_waitcnt_depctr", "s_delay_alu", "s_clause", "s_nop", "s_set_inst_prefetch_distance",
          "s_sendmsg", "buffer_gl0_inv", "buffer_gl1_inv"}  # timing and cache controls: memory is coherent
-SENDMSG_DEALLOC_VGPRS = 0xB3  # s_sendmsg sendmsg(MSG_DEALLOC_VGPRS), the only message the mock accepts
+# s_sendmsg sendmsg(MSG_DEALLOC_VGPRS): gfx11 message ID 3 in SIMM16[7:0] with no operation or stream bits
+# (LLVM SIDefines.h ID_DEALLOC_VGPRS_GFX11Plus; LLVM emits it before s_endpgm of long kernels). Releasing
+# the VGPRs early changes nothing the interpreter models; every other message is refused.
+SENDMSG_DEALLOC_VGPRS = 3
 
 
 def _sopp(st: _State, ins: Instr, w: np.ndarray, base: str) -> bool:
@@ -1322,8 +1466,12 @@ def _sopp(st: _State, ins: Instr, w: np.ndarray, base: str) -> bool:
         _complete(st, LGKMCNT, w, (simm >> WAITCNT_LGKM_SHIFT) & WAITCNT_COUNT_MASK)
         return False
     if base in _NOPS:
-        if base == "s_sendmsg" and ins.fields["simm16"] != SENDMSG_DEALLOC_VGPRS:
-            raise MockUnsupported(ins.name, f"message {ins.fields['simm16']:#x}")
+        if base == "s_sendmsg":
+            if ins.fields["simm16"] != SENDMSG_DEALLOC_VGPRS:
+                raise MockUnsupported(ins.name, f"message {ins.fields['simm16']:#x}")
+            nxt = st.prog.at(ins.pc + ins.size)
+            if nxt.mnemonic != "s_endpgm":  # VGPRs released while the wave still runs: they read as garbage
+                raise RDNA3Fault(f"sendmsg(MSG_DEALLOC_VGPRS) is followed by {nxt.name}, not s_endpgm")
         return False
     if base == "s_endpgm":
         st.status[w] = ENDED

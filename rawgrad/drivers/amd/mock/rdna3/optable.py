@@ -4,17 +4,19 @@ file is byte-identical to a fresh generation).
 
 Source: the LLVM 22.1.0 AMDGPU encoder and asm printer (through llvmlite), target amdgcn-amd-amdhsa
 cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.py):
-  ew_f32 (IR sha256 d345fe27681be2b8, 102 instructions, a VOPD pair counted twice)
-  ew_i32 (IR sha256 e474ed0f51f3a1f2, 103 instructions, a VOPD pair counted twice)
-  cast (IR sha256 b63a2d1ae014ca62, 65 instructions, a VOPD pair counted twice)
-  reduce_sum (IR sha256 ef5c5890c5c13708, 115 instructions, a VOPD pair counted twice)
-  matmul_tiled (IR sha256 05419921e1d7b217, 127 instructions, a VOPD pair counted twice)
-  divergent (IR sha256 fd01f90c1d27a54e, 57 instructions, a VOPD pair counted twice)
-  wgid (IR sha256 4f5f52c84c597468, 22 instructions, a VOPD pair counted twice)
-  ew_f64 (IR sha256 7c3545a8e9498a55, 102 instructions, a VOPD pair counted twice)
-  ew_f16 (IR sha256 74abe8755a826007, 42 instructions, a VOPD pair counted twice)
-  wave_sum (IR sha256 ac442631ccea9d37, 47 instructions, a VOPD pair counted twice)
-  int64 (IR sha256 13e9a39e7b3fb6f1, 51 instructions, a VOPD pair counted twice)
+  ew_f32 (IR sha256 4ab430c54784d987, 102 instructions, a VOPD pair counted twice)
+  ew_i32 (IR sha256 47ccaaab81c8ada7, 103 instructions, a VOPD pair counted twice)
+  cast (IR sha256 4f733d22150c927d, 65 instructions, a VOPD pair counted twice)
+  reduce_sum (IR sha256 6950e219a70bf49b, 115 instructions, a VOPD pair counted twice)
+  matmul_tiled (IR sha256 04651b8d5e8af4e5, 127 instructions, a VOPD pair counted twice)
+  divergent (IR sha256 d636102841254165, 57 instructions, a VOPD pair counted twice)
+  wgid (IR sha256 5f4cb3f66cc842fa, 22 instructions, a VOPD pair counted twice)
+  ew_f64 (IR sha256 4fb962d027056cac, 102 instructions, a VOPD pair counted twice)
+  ew_f16 (IR sha256 6e29959da4798afe, 42 instructions, a VOPD pair counted twice)
+  wave_sum (IR sha256 603bf8c8390cf3b4, 47 instructions, a VOPD pair counted twice)
+  int64 (IR sha256 2d7021600a69f24b, 51 instructions, a VOPD pair counted twice)
+  bits_packed (IR sha256 d7aea3f9a8f13d1d, 69 instructions, a VOPD pair counted twice)
+  scalar_ops (IR sha256 efa98f1c61b2ca30, 61 instructions, a VOPD pair counted twice)
   and every distinct kernel the AMDGPU renderer makes for renderer_ops() in the tool
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
 the VOP1, VOP2 and VOPC operations (their _e64 forms).
@@ -23,16 +25,25 @@ the VOP1, VOP2 and VOPC operations (their _e64 forms).
 OPTABLE: dict[tuple[str, int], str] = {
     ("SOP1", 0): "s_mov_b32",
     ("SOP1", 1): "s_mov_b64",
+    ("SOP1", 8): "s_ctz_i32_b32",
+    ("SOP1", 10): "s_clz_i32_u32",
+    ("SOP1", 12): "s_cls_i32",
     ("SOP1", 14): "s_sext_i32_i8",
+    ("SOP1", 16): "s_bitset0_b32",
+    ("SOP1", 18): "s_bitset1_b32",
     ("SOP1", 32): "s_and_saveexec_b32",
     ("SOP1", 48): "s_and_not1_saveexec_b32",
     ("SOP2", 0): "s_add_u32",
     ("SOP2", 2): "s_add_i32",
+    ("SOP2", 3): "s_sub_i32",
     ("SOP2", 4): "s_addc_u32",
     ("SOP2", 8): "s_lshl_b32",
     ("SOP2", 9): "s_lshl_b64",
     ("SOP2", 10): "s_lshr_b32",
     ("SOP2", 12): "s_ashr_i32",
+    ("SOP2", 14): "s_lshl1_add_u32",
+    ("SOP2", 15): "s_lshl2_add_u32",
+    ("SOP2", 19): "s_min_u32",
     ("SOP2", 20): "s_max_i32",
     ("SOP2", 22): "s_and_b32",
     ("SOP2", 24): "s_or_b32",
@@ -41,9 +52,17 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("SOP2", 39): "s_bfe_i32",
     ("SOP2", 41): "s_bfe_i64",
     ("SOP2", 44): "s_mul_i32",
+    ("SOP2", 45): "s_mul_hi_u32",
+    ("SOP2", 46): "s_mul_hi_i32",
+    ("SOP2", 48): "s_cselect_b32",
     ("SOPC", 4): "s_cmp_lt_i32",
     ("SOPC", 7): "s_cmp_lg_u32",
+    ("SOPC", 16): "s_cmp_eq_u64",
     ("SOPC", 17): "s_cmp_lg_u64",
+    ("SOPK", 3): "s_cmpk_eq_i32",
+    ("SOPK", 5): "s_cmpk_gt_i32",
+    ("SOPK", 13): "s_cmpk_lt_u32",
+    ("SOPK", 16): "s_mulk_i32",
     ("SOPP", 0): "s_nop",
     ("SOPP", 4): "s_set_inst_prefetch_distance",
     ("SOPP", 5): "s_clause",
@@ -89,6 +108,9 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP1", 49): "v_rsq_f64_e32",
     ("VOP1", 51): "v_sqrt_f32_e32",
     ("VOP1", 56): "v_bfrev_b32_e32",
+    ("VOP1", 57): "v_clz_i32_u32_e32",
+    ("VOP1", 58): "v_ctz_i32_b32_e32",
+    ("VOP1", 59): "v_cls_i32_e32",
     ("VOP2", 1): "v_cndmask_b32_e32",
     ("VOP2", 3): "v_add_f32_e32",
     ("VOP2", 4): "v_sub_f32_e32",
@@ -99,6 +121,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP2", 16): "v_max_f32_e32",
     ("VOP2", 17): "v_min_i32_e32",
     ("VOP2", 18): "v_max_i32_e32",
+    ("VOP2", 19): "v_min_u32_e32",
     ("VOP2", 20): "v_max_u32_e32",
     ("VOP2", 24): "v_lshlrev_b32_e32",
     ("VOP2", 25): "v_lshrrev_b32_e32",
@@ -185,6 +208,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 568): "v_div_fmas_f64",
     ("VOP3", 576): "v_xor3_b32",
     ("VOP3", 577): "v_mad_u16",
+    ("VOP3", 580): "v_perm_b32",
     ("VOP3", 581): "v_xad_u32",
     ("VOP3", 582): "v_lshl_add_u32",
     ("VOP3", 583): "v_add_lshl_u32",
@@ -218,6 +242,11 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 830): "v_ashrrev_i64",
     ("VOP3", 866): "v_and_b16",
     ("VOP3", 867): "v_or_b16",
+    ("VOP3P", 14): "v_pk_fma_f16",
+    ("VOP3P", 15): "v_pk_add_f16",
+    ("VOP3P", 16): "v_pk_mul_f16",
+    ("VOP3P", 17): "v_pk_min_f16",
+    ("VOP3P", 18): "v_pk_max_f16",
     ("VOP3P", 34): "v_fma_mixhi_f16",
     ("VOPDX", 0): "v_dual_fmac_f32",
     ("VOPDX", 3): "v_dual_mul_f32",
@@ -246,6 +275,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("FLAT", 25): "global_store_b16",
     ("FLAT", 26): "global_store_b32",
     ("FLAT", 27): "global_store_b64",
+    ("FLAT", 28): "global_store_b96",
     ("FLAT", 29): "global_store_b128",
     ("FLAT", 30): "global_load_d16_u8",
     ("FLAT", 31): "global_load_d16_i8",

@@ -13,6 +13,10 @@ cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.
     tests/test_tensor_random.py
     tests/test_nn.py
     tests/test_ops_math_parity.py
+    tests/test_ops_nn_parity.py
+    tests/test_jit.py
+    tests/test_jit_graph.py
+    tests/test_scalar_args.py
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
 the VOP1, VOP2 and VOPC operations (their _e64 forms).
 """
@@ -20,6 +24,8 @@ the VOP1, VOP2 and VOPC operations (their _e64 forms).
 OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("SOP1", 0): "s_mov_b32",
     ("SOP1", 1): "s_mov_b64",
+    ("SOP1", 10): "s_clz_i32_u32",
+    ("SOP1", 12): "s_cls_i32",
     ("SOP1", 14): "s_sext_i32_i8",
     ("SOP1", 16): "s_bitset0_b32",
     ("SOP1", 30): "s_not_b32",
@@ -59,6 +65,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("SOPC", 7): "s_cmp_lg_u32",
     ("SOPC", 8): "s_cmp_gt_u32",
     ("SOPC", 10): "s_cmp_lt_u32",
+    ("SOPC", 16): "s_cmp_eq_u64",
     ("SOPC", 17): "s_cmp_lg_u64",
     ("SOPK", 0): "s_movk_i32",
     ("SOPK", 3): "s_cmpk_eq_i32",
@@ -68,10 +75,12 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("SOPP", 7): "s_delay_alu",
     ("SOPP", 8): "s_waitcnt_depctr",
     ("SOPP", 9): "s_waitcnt",
+    ("SOPP", 32): "s_branch",
     ("SOPP", 33): "s_cbranch_scc0",
     ("SOPP", 34): "s_cbranch_scc1",
     ("SOPP", 36): "s_cbranch_vccnz",
     ("SOPP", 37): "s_cbranch_execz",
+    ("SOPP", 38): "s_cbranch_execnz",
     ("SOPP", 48): "s_endpgm",
     ("SOPP", 54): "s_sendmsg",
     ("SOPP", 61): "s_barrier",
@@ -109,6 +118,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP1", 49): "v_rsq_f64_e32",
     ("VOP1", 51): "v_sqrt_f32_e32",
     ("VOP1", 55): "v_not_b32_e32",
+    ("VOP1", 57): "v_clz_i32_u32_e32",
     ("VOP1", 59): "v_cls_i32_e32",
     ("VOP1", 84): "v_rcp_f16_e32",
     ("VOP1", 93): "v_trunc_f16_e32",
@@ -247,6 +257,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP3", 93): "v_cmp_ne_u64_e64",
     ("VOP3", 126): "v_cmp_class_f32_e64",
     ("VOP3", 127): "v_cmp_class_f64_e64",
+    ("VOP3", 212): "v_cmpx_gt_i64_e64",
     ("VOP3", 257): "v_cndmask_b32_e64",
     ("VOP3", 259): "v_add_f32_e64",
     ("VOP3", 260): "v_sub_f32_e64",
@@ -272,6 +283,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP3", 567): "v_div_fmas_f32",
     ("VOP3", 568): "v_div_fmas_f64",
     ("VOP3", 576): "v_xor3_b32",
+    ("VOP3", 577): "v_mad_u16",
     ("VOP3", 580): "v_perm_b32",
     ("VOP3", 581): "v_xad_u32",
     ("VOP3", 582): "v_lshl_add_u32",
