@@ -113,10 +113,9 @@ def _amd_fault(dev: HCQDevice) -> HWQueue:
 # host).
 # Its "ring" is the command queue's window of uncompleted command buffers.
 def _open_metal_mock(ring_slots: int | None, timeout_s: float) -> HCQDevice:
-    from rawgrad.drivers.metal.device import DEFAULT_MAX_COMMAND_BUFFERS
-    from rawgrad.drivers.metal.mock.gpu import MockMetalGPU
-    return MockMetalGPU().open("METAL", timeout_s=timeout_s,
-                               max_command_buffers=ring_slots or DEFAULT_MAX_COMMAND_BUFFERS)
+    from rawgrad.drivers.metal.device import DEFAULT_MAX_COMMAND_BUFFERS, open_mock
+    return open_mock("METAL", timeout_s=timeout_s,
+                     max_command_buffers=ring_slots or DEFAULT_MAX_COMMAND_BUFFERS)
 
 
 # A kernel whose lanes disagree on a barrier: undefined on a GPU, a failed command buffer on the mock.

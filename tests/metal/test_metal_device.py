@@ -16,8 +16,7 @@ import pytest
 
 from rawgrad import Device, Tensor, TinyJit
 from rawgrad.drivers.metal.api import MTL_RESOURCE_STORAGE_SHARED, Method
-from rawgrad.drivers.metal.device import MetalDevice
-from rawgrad.drivers.metal.mock.gpu import MockMetalGPU
+from rawgrad.drivers.metal.device import MetalDevice, open_mock
 from rawgrad.drivers.metal.mock.objc_fake import FakeObjCRuntime, MockObjCFault
 from rawgrad.drivers.metal.objc import ObjCError
 from rawgrad.hcq import DeviceTimeout
@@ -41,7 +40,7 @@ def metal(monkeypatch: pytest.MonkeyPatch) -> Iterator[MetalDevice]:
 
 @pytest.fixture
 def fresh() -> Iterator[MetalDevice]:
-    dev = MockMetalGPU().open("METAL", timeout_s=5.0)
+    dev = open_mock("METAL", timeout_s=5.0)
     yield dev
     if not dev.closed:
         dev.close()
@@ -128,14 +127,15 @@ def test_a_prototype_mismatch_is_caught(fresh: MetalDevice) -> None:
 
 
 def test_a_leaked_object_fails_the_ledger() -> None:
-    gpu = MockMetalGPU()
-    dev = gpu.open("METAL", timeout_s=5.0)
+    dev = open_mock("METAL", timeout_s=5.0)
+    rt = dev.objc.rt
+    assert isinstance(rt, FakeObjCRuntime)
     stray = dev.objc.new(dev.dev, "newBufferWithLength:options:", 64, MTL_RESOURCE_STORAGE_SHARED)
     dev.close()
     with pytest.raises(MockObjCFault, match=r"1 object\(s\) leaked: <MTLBuffer"):
-        gpu.rt.assert_balanced()
+        rt.assert_balanced()
     stray.release()
-    gpu.rt.assert_balanced()
+    rt.assert_balanced()
 
 
 def test_a_wait_that_never_completes_times_out_naming_the_signal(fresh: MetalDevice) -> None:
@@ -157,7 +157,7 @@ def test_msl_that_does_not_compile_is_a_clear_error(fresh: MetalDevice) -> None:
 
 
 def test_a_full_command_buffer_window_times_out_naming_the_queue() -> None:
-    dev = MockMetalGPU().open("METAL", timeout_s=SHORT_S, max_command_buffers=2)
+    dev = open_mock("METAL", timeout_s=SHORT_S, max_command_buffers=2)
     try:
         gate = dev.new_signal(0, name="gate")
         dev.timeline_submit(lambda q: q.wait(gate, 1))
@@ -209,12 +209,13 @@ def test_the_first_mac_smoke_passes_on_the_mock() -> None:
     """rawgrad/drivers/metal/smoke.py, the step-by-step check for the first Mac, rehearsed on the mock (it
     found a bound-replay bug: a command mixing a fixed and a patched buffer lost the fixed one)."""
     from rawgrad.drivers.metal.smoke import run_steps
-    gpu = MockMetalGPU()
-    dev = gpu.open("METAL", timeout_s=10.0)
+    dev = open_mock("METAL", timeout_s=10.0)
+    rt = dev.objc.rt
+    assert isinstance(rt, FakeObjCRuntime)
     lines: list[str] = []
     try:
         assert run_steps(dev, lines.append), "\n".join(lines)
     finally:
         dev.close()
     assert len(lines) == 5 and all(line.startswith("ok") for line in lines)
-    gpu.rt.assert_balanced()
+    rt.assert_balanced()

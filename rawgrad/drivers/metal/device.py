@@ -66,7 +66,7 @@ from rawgrad.hcq.program import Program
 from rawgrad.hcq.signal import DEFAULT_TIMEOUT_S, DeviceClock, ObjectSignal, Signal, wait_until
 
 __all__ = ["METAL_CLOCK", "MetalBuffer", "MetalCompiler", "MetalDevice", "MetalProgram", "MetalSignal",
-           "open_device"]
+           "open_device", "open_mock"]
 
 # GPUStartTime / GPUEndTime are seconds (CFTimeInterval doubles); no timestamps inside an ICB.
 METAL_CLOCK = DeviceClock("s", 1e9, kernel_timestamps_in_replay=False)
@@ -623,10 +623,13 @@ def mock_requested() -> bool:
     return config.getenv_int("METAL_MOCK") != 0
 
 
+def open_mock(name: str = "METAL", *, timeout_s: float = DEFAULT_TIMEOUT_S * MOCK_TIMEOUT_SCALE,
+              max_command_buffers: int = DEFAULT_MAX_COMMAND_BUFFERS) -> MetalDevice:
+    """A device on a fresh mock GPU (its own fake runtime: `device.objc.rt`, whose ledger covers only it)."""
+    from rawgrad.drivers.metal.mock.gpu import MockMetalGPU
+    return MetalDevice(name, MockMetalGPU().rt, timeout_s=timeout_s, max_command_buffers=max_command_buffers)
+
+
 def open_device(name: str, mock: bool = False) -> MetalDevice:
     """Registry factory: Metal.framework on an arm64 Mac, or the mock runtime when METAL_MOCK=1 asks."""
-    if not mock:
-        return MetalDevice(name)
-    from rawgrad.drivers.metal.mock.gpu import MockMetalGPU
-    gpu = MockMetalGPU()
-    return gpu.open(name, timeout_s=DEFAULT_TIMEOUT_S * MOCK_TIMEOUT_SCALE)
+    return open_mock(name) if mock else MetalDevice(name)

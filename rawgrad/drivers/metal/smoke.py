@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.mock:
-            from rawgrad.drivers.metal.mock.gpu import MockMetalGPU
-            dev = MockMetalGPU().open("METAL")
+            from rawgrad.drivers.metal.device import open_mock
+            dev = open_mock("METAL")
         else:
             dev = MetalDevice("METAL")
     except Exception as e:

@@ -12,15 +12,11 @@ compiler and shader cores wired to the MSL host harness (msl_host.py).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rawgrad.drivers.metal.mock.msl_host import MSLHostError, host_kernels
 from rawgrad.drivers.metal.mock.objc_fake import Dispatch, FakeObjCRuntime
-
-if TYPE_CHECKING:
-    from rawgrad.drivers.metal.device import MetalDevice
 
 __all__ = ["MockMetalGPU", "run_dispatch"]
 
@@ -55,13 +51,10 @@ def run_dispatch(d: Dispatch) -> None:
 
 
 class MockMetalGPU:
-    """One fake runtime per device instance (its ledger then covers exactly that device)."""
+    """One fake runtime per device instance (its ledger then covers exactly that device); the device opens
+    on `rt` (drivers/metal/device.py `open_mock`)."""
 
     def __init__(self) -> None:
         self.rt = FakeObjCRuntime()
         self.rt.msl_compiler = compile_check
         self.rt.kernel_runner = run_dispatch
-
-    def open(self, name: str, **kwargs: object) -> MetalDevice:
-        from rawgrad.drivers.metal.device import MetalDevice
-        return MetalDevice(name, self.rt, **kwargs)  # type: ignore[arg-type]
