@@ -121,6 +121,7 @@ class MemoryMap:
     def __init__(self) -> None:
         self._bases: list[int] = []
         self._bufs: list[np.ndarray] = []
+        self._table: tuple[np.ndarray, np.ndarray] | None = None  # (bases, ends) as arrays, rebuilt on change
 
     def map(self, va: int, data: np.ndarray | bytes | int, *, share: bool = False) -> np.ndarray:
         """Map `data` (an array's bytes, bytes, or a zeroed size) at `va`; returns the backing byte array
@@ -146,24 +147,38 @@ class MemoryMap:
         k = int(np.searchsorted(self._bases, va))
         self._bases.insert(k, va)
         self._bufs.insert(k, buf)
+        self._table = None
         return buf
 
     def unmap(self, va: int) -> None:
         k = self._bases.index(va)
         del self._bases[k], self._bufs[k]
+        self._table = None
 
     def _locate(self, addr: np.ndarray, size: int, what: str) -> tuple[np.ndarray, np.ndarray]:
         """(mapping index, offset) per address, after checking [addr, addr+size) lies inside one mapping."""
-        bases = np.array(self._bases, np.uint64)
+        if self._table is None:
+            self._table = (np.array(self._bases, np.uint64),
+                           np.array([b + buf.size for b, buf in zip(self._bases, self._bufs)], np.uint64))
+        bases, ends = self._table
         which = np.searchsorted(bases, addr, side="right").astype(np.int64) - 1
-        ok = which >= 0
-        ends = np.array([b + buf.size for b, buf in zip(self._bases, self._bufs)], np.uint64)
-        ok[ok] = addr[ok] + np.uint64(size) <= ends[which[ok]]
+        if not len(bases):
+            raise MemoryFault(f"{what} of {size} bytes at {int(addr[0]):#x}: nothing is mapped")
+        inside = np.maximum(which, 0)
+        ok = (which >= 0) & (addr + np.uint64(size) <= ends[inside])
         if not ok.all():
             bad = int(addr[~ok][0])
             raise MemoryFault(f"{what} of {size} bytes at {bad:#x}: not inside any mapping "
                               f"({self.describe(bad)})")
-        return which, (addr - bases[which]).astype(np.int64)
+        return which, (addr - bases[inside]).astype(np.int64)
+
+    def _words(self, k: int, off: np.ndarray, size: int) -> np.ndarray | None:
+        """Mapping k viewed as 32-bit words, when every access of `size` bytes at `off` is whole aligned
+        words (the common case: one gather per word instead of one per byte); else None."""
+        buf = self._bufs[k]
+        if size % 4 or buf.size % 4 or (off & 3).any():
+            return None
+        return buf.view(np.uint32)
 
     def describe(self, va: int) -> str:
         """Where `va` is relative to the nearest mappings (for fault messages)."""
@@ -184,6 +199,13 @@ class MemoryMap:
         if addr.size == 0:
             return out
         which, off = self._locate(addr, size, what)
+        k0 = int(which[0])
+        if (which == k0).all():  # one mapping (a buffer): no per-mapping split
+            words = self._words(k0, off, size)
+            if words is not None:
+                got = words[(off >> 2)[:, None] + np.arange(size // 4)]
+                return got.view(np.uint8).reshape(addr.size, size)
+            return self._bufs[k0][off[:, None] + np.arange(size)]
         span = np.arange(size)
         for k in np.unique(which):
             sel = which == k
@@ -197,6 +219,14 @@ class MemoryMap:
             return
         size = data.shape[1]
         which, off = self._locate(addr, size, what)
+        k0 = int(which[0])
+        if (which == k0).all():  # one mapping; later lanes win where addresses repeat, as in the loop below
+            words = self._words(k0, off, size)
+            if words is not None:
+                words[(off >> 2)[:, None] + np.arange(size // 4)] = np.ascontiguousarray(data).view(np.uint32)
+            else:
+                self._bufs[k0][off[:, None] + np.arange(size)] = data
+            return
         span = np.arange(size)
         for k in np.unique(which):
             sel = which == k
@@ -382,12 +412,17 @@ def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
 def _defer_lanes(st: _State, ins: Instr, counter: str, w: np.ndarray, sel: tuple[np.ndarray, ...],
                  regs: list[tuple[str, int, np.ndarray]]) -> None:
     """Queue per-lane VGPR writes: regs holds (kind, reg, values for the selected (wave, lane) pairs)."""
-    lanes = np.zeros((len(w), WAVE), bool)
-    lanes[sel] = True
+    every = len(sel[0]) == len(w) * WAVE  # all lanes on: the values are already (wave, lane) ordered
+    lanes = np.ones((len(w), WAVE), bool) if every else np.zeros((len(w), WAVE), bool)
+    if not every:
+        lanes[sel] = True
     writes: list[_Write] = []
     for kind, reg, vals in regs:
-        full = np.zeros((len(w), WAVE), np.uint32)
-        full[sel] = vals
+        if every:
+            full = np.asarray(vals, np.uint32).reshape(len(w), WAVE)
+        else:
+            full = np.zeros((len(w), WAVE), np.uint32)
+            full[sel] = vals
         writes.append((kind, reg, lanes, full))
     _defer(st, ins, counter, w, writes)
 
