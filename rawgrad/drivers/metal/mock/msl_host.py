@@ -188,25 +188,49 @@ class HostKernels:
         grid = ("  for (unsigned gz = 0; gz < GZ; gz++) for (unsigned gy = 0; gy < GY; gy++)\n"
                 "  for (unsigned gx = 0; gx < GX; gx++) {\n")
         if lanes:
-            body = f"""{grid}    const unsigned L = LX * LY * LZ, S = L < {SIMD_WIDTH}u ? L : {SIMD_WIDTH}u;
-    std::barrier<> block(L);
+            # One thread per lane for the whole dispatch (not per threadgroup: making threads dominated the
+            # run time); each threadgroup gets fresh barriers, made by lane 0 between two waits of `step`
+            # (a lane that returns early drops out of its group's barriers, never out of `step`).
+            body = f"""  const unsigned L = LX * LY * LZ, S = L < {SIMD_WIDTH}u ? L : {SIMD_WIDTH}u;
+  const unsigned long G = (unsigned long)GX * GY * GZ;
+  struct Group {{
+    std::barrier<> block;
     std::vector<std::unique_ptr<std::barrier<>>> simds;
-    for (unsigned s = 0; s < L; s += S) simds.emplace_back(new std::barrier<>(L - s < S ? L - s : S));
-    std::vector<uint64_t> exchange(L);
-    std::vector<unsigned> counts(L, 0u);
-    std::vector<std::thread> threads;
-    for (unsigned lin = 0; lin < L; lin++) threads.emplace_back([&, lin] {{
-      const unsigned lx = lin % LX, ly = lin / LX % LY, lz = lin / (LX * LY);
-      metal::rg_ctx = metal::rg_lane{{&block, simds[lin / S].get(), exchange.data(), lin, S, &counts[lin]}};
+    Group(unsigned L, unsigned S) : block(L) {{
+      for (unsigned s = 0; s < L; s += S) simds.emplace_back(new std::barrier<>(L - s < S ? L - s : S));
+    }}
+  }};
+  std::unique_ptr<Group> cur;
+  std::barrier<> step(L);
+  std::vector<uint64_t> exchange(L);
+  std::vector<unsigned> counts(L, 0u);
+  long bad = 0;
+  std::vector<std::thread> threads;
+  for (unsigned lin = 0; lin < L; lin++) threads.emplace_back([&, lin] {{
+    const unsigned lx = lin % LX, ly = lin / LX % LY, lz = lin / (LX * LY);
+    for (unsigned long group = 0; group < G; group++) {{
+      if (lin == 0) {{
+        cur.reset(new Group(L, S));
+        for (auto& c : counts) c = 0u;
+      }}
+      step.arrive_and_wait();  // the group's barriers exist
+      const unsigned gx = group % GX, gy = group / GX % GY, gz = group / ((unsigned long)GX * GY);
+      (void)gx; (void)gy; (void)gz;
+      metal::rg_ctx = metal::rg_lane{{&cur->block, cur->simds[lin / S].get(), exchange.data(), lin, S,
+                                     &counts[lin]}};
       {launch}
-      block.arrive_and_drop();  // a lane that has returned no longer holds the others at a barrier
-      simds[lin / S]->arrive_and_drop();
-    }});
-    for (auto& t : threads) t.join();
-    const unsigned group = gx + GX * (gy + GY * gz);
-    for (unsigned l = 1; l < L; l++) if (counts[l] != counts[0]) return (long)group * L + l + 1;
-  }}
-  return 0;
+      cur->block.arrive_and_drop();  // a lane that has returned no longer holds the others at a barrier
+      cur->simds[lin / S]->arrive_and_drop();
+      step.arrive_and_wait();  // every lane is done with this group
+      if (lin == 0)
+        for (unsigned l = 1; l < L; l++)
+          if (counts[l] != counts[0]) {{ bad = (long)group * L + l + 1; break; }}
+      step.arrive_and_wait();  // `bad` is seen by every lane
+      if (bad) break;
+    }}
+  }});
+  for (auto& t : threads) t.join();
+  return bad;
 """
             prelude = "#define RG_HOST_LANES 1\n#include <memory>\n#include <thread>\n#include <vector>\n"
             std = ["-std=c++20", "-pthread"]
