@@ -14,6 +14,9 @@ Two checks a plain pytest run cannot make:
   ``RAWGRAD_WRITE_DEVICE_SLICE=<file>`` writes the node ids of the tests that did (``.ci/nv-slice`` is made
   this way); ``RAWGRAD_REQUIRE_DEVICE_KERNELS=1`` fails the session when a test that passed launched none,
   so the NV (and AMD) slice can never again count tests that ran nothing on the device.
+  ``RAWGRAD_SLICE_MAX_SECONDS=<s>`` leaves tests that took longer than that (setup + call + teardown) out of
+  the written slice and lists them: the AMD slice must fit its CI stage's time budget. A test marked
+  ``device_slice_keep`` (an acceptance test the slice exists for) stays whatever it costs.
   On the AMD mock a command-processor fault halts the GPU for good (as a real GPU fault kills the queue):
   after a test that left the mock faulted, the device is closed so the next test opens a fresh one instead
   of failing on the previous test's fault.
@@ -31,6 +34,8 @@ import pytest
 _kernels = {"current": 0}
 _per_test: dict[str, int] = {}
 _passed: dict[str, None] = {}  # in the order the tests ran (a dict keeps insertion order)
+_seconds: dict[str, float] = {}  # setup + call + teardown time per test
+_keep: set[str] = set()  # tests marked device_slice_keep
 _skips: list[tuple[str, str]] = []
 
 
@@ -100,6 +105,8 @@ def allowed_skip_patterns() -> list[re.Pattern[str]] | None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     before = _kernels["current"]
+    if item.get_closest_marker("device_slice_keep") is not None:
+        _keep.add(item.nodeid)
     yield
     _per_test[item.nodeid] = _kernels["current"] - before
     if mock_kind() == "AMD":
@@ -112,6 +119,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skips.append((report.nodeid, reason))
     if report.when == "call" and report.passed:
         _passed[report.nodeid] = None
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+
+
+def _too_slow() -> dict[str, float]:
+    """Tests over RAWGRAD_SLICE_MAX_SECONDS (none when it is unset), with their seconds."""
+    limit = os.environ.get("RAWGRAD_SLICE_MAX_SECONDS")
+    if not limit:
+        return {}
+    return {n: t for n, t in _seconds.items() if t > float(limit) and n not in _keep}
 
 
 def _problems() -> list[str]:
@@ -152,7 +168,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             with open(out, "w", encoding="utf-8") as f:
                 # in run order, not sorted: a module-scoped fixture's kernels count for the test that set
                 # it up, and that test must stay first when the slice runs
-                f.writelines(f"{n}\n" for n in _passed if _per_test.get(n, 0) > 0)
+                f.writelines(f"{n}\n" for n in _passed if _per_test.get(n, 0) > 0 and n not in _too_slow())
     if _problems() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -164,6 +180,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"rawgrad: {launched} of {len(ran)} passed tests launched at least one "
                                     f"kernel on the mock {mock_kind()} GPU ({sum(_per_test.values())} "
                                     f"kernels in all)")
+        for n, t in sorted(_too_slow().items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"rawgrad: left out of the slice (took {t:.1f} s > "
+                                        f"RAWGRAD_SLICE_MAX_SECONDS): {n}")
     problems = _problems()
     for p in problems:
         terminalreporter.write_line(f"rawgrad CI policy: {p}", red=True)

@@ -13,6 +13,8 @@ from rawgrad.dtype import DType, bf16_bits_to_f32, dtypes, f32_to_bf16_bits
 
 def pytest_configure(config: pytest.Config) -> None:
     import ci_policy  # tests/ is on sys.path (rootdir conftest)
+    config.addinivalue_line("markers", "device_slice_keep: stays in a device slice however long it takes "
+                                       "(an acceptance test the slice exists for; RAWGRAD_SLICE_MAX_SECONDS)")
     if ci_policy.counting_mock_kernels():
         ci_policy.install_kernel_counter()
     config.pluginmanager.register(ci_policy, "rawgrad_ci_policy")

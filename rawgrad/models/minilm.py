@@ -26,7 +26,7 @@ import numpy as np
 from rawgrad.compiler.ir import Variable
 from rawgrad.jit.jit import TinyJit
 from rawgrad.models.bert import BertConfig, BertModel, mean_pool_normalize
-from rawgrad.nn.state import load_state_dict, safe_load
+from rawgrad.nn.state import get_state_dict, safe_load
 from rawgrad.tensor.realize import GlobalCounters
 from rawgrad.tensor.tensor import Tensor
 
@@ -98,9 +98,9 @@ class MiniLM:
         self.max_length = max_length
         self.device = device
         self.tokenizer = _tokenizer(self.path, max_length)
-        self.model = BertModel(cfg)
+        self.model = _build_on_cpu(cfg)
         weights = safe_load(self.path / "model.safetensors", device=device, progress=progress)
-        load_state_dict(self.model, {k: v for k, v in weights.items() if k not in UNUSED_KEYS})
+        _adopt(self.model, {k: v for k, v in weights.items() if k not in UNUSED_KEYS})
         self.model.prepare()
         self.seq_len = Variable("seq_len", 1, max_length)
         self._encode = TinyJit(self._encode_padded, on_mismatch="recapture")
@@ -153,6 +153,42 @@ class MiniLM:
         stats.captures = len(self._encode.captures)
         self.stats = stats
         return out
+
+
+def _build_on_cpu(cfg: BertConfig) -> BertModel:
+    """The module tree. Its layers initialise their weights randomly (on the default device) and every one
+    of them is replaced by the file's at once, so the initialisation runs on the CPU whatever the model's
+    device: on a slow device it is most of the load (the AMD mock's interpreter spent ~100 s of 112 on the
+    22M random values, 55 s on the word embeddings alone)."""
+    from rawgrad.tensor import common
+    saved = common._default_device
+    common._default_device = "CPU"
+    try:
+        return BertModel(cfg)
+    finally:
+        common._default_device = saved
+
+
+def _adopt(model: BertModel, weights: dict[str, Tensor]) -> None:
+    """Make the loaded tensors the model's weights (no copy kernel: they already sit on the model's device).
+    The key sets, shapes and dtypes must match the model's, as load_state_dict checks; nothing is replaced
+    unless all do."""
+    own = get_state_dict(model)
+    problems = [f"missing {sorted(set(own) - set(weights))}"] if set(own) - set(weights) else []
+    if set(weights) - set(own):
+        problems.append(f"unexpected {sorted(set(weights) - set(own))}")
+    for name, t in own.items():
+        v = weights.get(name)
+        if v is not None and (tuple(v.shape) != tuple(t.shape) or v.dtype != t.dtype):
+            problems.append(f"{name}: model {tuple(t.shape)} {t.dtype}, file {tuple(v.shape)} {v.dtype}")
+    if problems:
+        raise ValueError("MiniLM weights do not fit the model: " + "; ".join(problems))
+    for name in own:
+        *path, attr = name.split(".")
+        obj: Any = model
+        for part in path:
+            obj = obj[int(part)] if isinstance(obj, (list, tuple)) else getattr(obj, part)
+        setattr(obj, attr, weights[name])
 
 
 _default: dict[str | None, MiniLM] = {}
