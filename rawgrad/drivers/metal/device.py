@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import threading
 import time
 import weakref
 from collections import deque
@@ -212,6 +213,8 @@ class MetalDevice(HCQDevice):
         self._inflight: deque[InFlight] = deque()
         self._deferred: deque[tuple[int, MetalBuffer]] = deque()  # (timeline value, buffer to release)
         self._fault: str | None = None
+        self._reap_lock = threading.RLock()
+        self._reaping = False
         # command buffers committed so far (the device's submissions, as the CPU's ring records)
         self.write_index = 0
         self.max_command_buffers = max_command_buffers
@@ -515,20 +518,33 @@ class MetalDevice(HCQDevice):
         the device's fault, release deferred buffers the timeline passed. Returns False (a wait predicate)."""
         if self.closed:
             return False
+        # one reaper at a time (a host wait, a submit and a finalizer's free may each reap), and not
+        # re-entered
+        # (a garbage-collector finalizer can free a buffer in the middle of a retire on this thread)
+        with self._reap_lock:
+            if self._reaping:
+                return False
+            self._reaping = True
+            try:
+                self._reap()
+            finally:
+                self._reaping = False
+        return False
+
+    def _reap(self) -> None:
         objc = self.objc
         while self._inflight:
             run = self._inflight[0]
             status = int(objc.send(run.cb, "status"))
             if status not in (MTL_STATUS_COMPLETED, MTL_STATUS_ERROR):
                 break
-            self._retire(run, status)
             self._inflight.popleft()
+            self._retire(run, status)
         if self._deferred:
             reached = int(objc.send(self.timeline_signal.address, "signaledValue")) if hasattr(
                 self, "timeline_signal") else 0
             while self._deferred and (self._deferred[0][0] <= reached or not self._inflight):
                 self._release_now(self._deferred.popleft()[1])
-        return False
 
     def _retire(self, run: InFlight, status: int) -> None:
         objc = self.objc
