@@ -519,7 +519,8 @@ class MetalDevice(HCQDevice):
         if self.closed:
             return False
         # one reaper at a time (a host wait, a submit and a finalizer's free may each reap), and not
-        # re-entered (a garbage-collector finalizer can free a buffer in the middle of a retire on this thread)
+        # re-entered (a garbage-collector finalizer can free a buffer in the middle of a retire on this
+        # thread)
         with self._reap_lock:
             if self._reaping:
                 return False
