@@ -72,6 +72,11 @@ def renderer_ops():  # type: ignore[no-untyped-def]
     yield Tensor(rng.standard_normal(256).astype(np.float32)).shrink(((0, n.bind(200)),)).sum()
     rows = Tensor(rng.standard_normal((8, 256)).astype(np.float32))
     yield (rows.shrink(((0, 8), (0, n.bind(77)))) * 3).sum(1)
+    # attention scores over a variable sequence length (MiniLM's softmax): 64-bit loop bounds from the
+    # argument, v_cmpx_ne_u64 around the reductions
+    t = Variable("optable.t", 1, 16)
+    scores = Tensor(rng.standard_normal((2, 3, 16, 16)).astype(np.float32))
+    yield scores.shrink((None, None, (0, t.bind(9)), (0, t.bind(9)))).softmax(-1)
     d = a.cast(dtypes.float64)
     yield d.exp()
     yield d.sqrt()

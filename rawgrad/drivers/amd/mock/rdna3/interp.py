@@ -454,11 +454,14 @@ def _round_odd_fix(s: np.ndarray, err: np.ndarray) -> np.ndarray:
     """s + err (s the rounded sum, err its exact error) rounded to odd: where the sum was inexact and s is
     even, step s one ulp toward err. The direction is err's sign, not s + err (which rounds back to s
     whenever |err| is below half an ulp of s)."""
-    bits = s.view(np.uint64) if s.flags.c_contiguous else np.ascontiguousarray(s).view(np.uint64)
-    fix = np.isfinite(s) & (err != 0) & ((bits & np.uint64(1)) == 0)
+    bits = np.ascontiguousarray(s).view(np.int64)
+    fix = ((bits & 1) == 0) & (err != 0) & np.isfinite(s)
     if not fix.any():
         return s
-    return np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    # one ulp away from zero where s and err share a sign, toward zero otherwise (s is never 0 here: a sum
+    # that rounds to 0 is exact); on the bit pattern, that is +1 or -1
+    step = np.where(np.signbit(s) == np.signbit(err), 1, -1) * fix
+    return (bits + step).view(np.float64)
 
 
 def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: Any = np.float32) -> np.ndarray:
