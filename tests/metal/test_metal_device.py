@@ -219,3 +219,36 @@ def test_the_first_mac_smoke_passes_on_the_mock() -> None:
         dev.close()
     assert len(lines) == 5 and all(line.startswith("ok") for line in lines)
     rt.assert_balanced()
+
+
+def test_a_dropped_graph_releases_its_icb_and_argument_buffer(fresh: MetalDevice) -> None:
+    import gc
+
+    from rawgrad.compiler.ir import Variable
+    from rawgrad.drivers.metal.mock.objc_fake import FakeBuffer, FakeICB
+    from rawgrad.hcq.graph import HCQGraph, KernelCommand, address_var, build_template
+    rt = fresh.objc.rt
+    assert isinstance(rt, FakeObjCRuntime)
+    src = (b"#include <metal_stdlib>\nusing namespace metal;\n"
+           b"kernel void fill(device float* buf0 [[buffer(0)]], constant long* vars [[buffer(1)]], "
+           b"uint lid [[thread_index_in_threadgroup]]) { buf0[lid] = (float)vars[0]; }\n")
+    prog = fresh.program("fill", src)
+    n, dst = Variable("metal_test.fill", 0, 100), address_var("metal_test.dst")
+
+    def live(cls: type) -> int:
+        return sum(1 for o in rt.leaks() if isinstance(o, cls))
+
+    buffers = live(FakeBuffer)
+    template, programs = build_template(fresh, [KernelCommand(prog, [dst, n], (4, 1, 1), (4, 1, 1))])
+    graph = HCQGraph(fresh, template, programs, {})
+    out = fresh.allocator.alloc(16)
+    graph.submit({dst: out.va_addr, n: 7})
+    fresh.synchronize(5.0)
+    got = np.empty(4, np.float32)
+    fresh.allocator.copyout(got.data, out)
+    np.testing.assert_array_equal(got, np.full(4, 7, np.float32))
+    assert live(FakeICB) == 1 and live(FakeBuffer) == buffers + 2  # the output and the argument buffer
+    del graph
+    gc.collect()
+    fresh.reap()
+    assert live(FakeICB) == 0 and live(FakeBuffer) == buffers + 1

@@ -342,6 +342,16 @@ class MetalDevice(HCQDevice):
         self._icbs[icb.ptr] = icb
         return icb
 
+    def release_bound(self, icb: Ref, argbuf: MetalBuffer | None) -> None:
+        """A bound queue was dropped: release its ICB and argument buffer (at close the device releases
+        whatever is left)."""
+        if self.closed:
+            return
+        if self._icbs.pop(icb.ptr, None) is not None and icb.alive:
+            icb.release()
+        if argbuf is not None:
+            self.release_buffer(argbuf)
+
     def encode_icb_command(self, q: MetalQueue, k: int, *, first: bool, only: str | None = None,
                            slot: int | None = None, skip: set[tuple[str, int, int]] | None = None) -> None:
         """(Re-)encode ICB command `k` of bound queue `q` from its words; `only` limits it to one part (and

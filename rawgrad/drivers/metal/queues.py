@@ -27,6 +27,7 @@ command, which is re-encoded (`setKernelBuffer` / `concurrentDispatchThreadgroup
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -190,6 +191,8 @@ class MetalQueue(HWQueue):
             dev.encode_icb_command(self, k, first=(k == 0), skip=later)
             self._dirty.update(later)
         self._bound_words = PatchHook(self._patched)
+        # a dropped graph gives its ICB and argument buffer back (a command buffer still running retains them)
+        weakref.finalize(self, _release_bound, weakref.ref(dev), self._icb, self._argbuf)
 
     def _patched(self, index: int, word: int) -> None:
         """A changed word of the bound queue (the PatchHook): a scalar goes into the argument buffer now; an
@@ -231,10 +234,9 @@ class MetalQueue(HWQueue):
         self._dirty.clear()
         self._last_run = dev.commit(self._words, decode(self._words), self.name, bound=self)
 
-    def release(self) -> None:
-        """Give the ICB and the argument buffer back (the device does this at close for queues it knows)."""
-        if self._icb is not None and self._icb.alive:
-            self._icb.release()
-        if self._argbuf is not None:
-            self.device.release_buffer(self._argbuf)
-            self._argbuf = None
+
+
+def _release_bound(dev_ref: weakref.ref[MetalDevice], icb: Any, argbuf: MetalBuffer | None) -> None:
+    dev = dev_ref()
+    if dev is not None:
+        dev.release_bound(icb, argbuf)
