@@ -42,6 +42,8 @@ DRAIN_TIMEOUT_S = 2.0
 FORCE_STOP_TIMEOUT_S = 5.0
 # Words are 64-bit: scalar arguments (negative ones too) are stored as their two's complement.
 WORD_MASK = (1 << 64) - 1
+# push()'s command ends for a single one-record command (never mutated)
+_ONE_COMMAND = [1]
 # The command ring counts 64-byte records (records.py); the processor's read index counts them too.
 RECORDS = RingUnit("record", RECORD_BYTES)
 
@@ -271,6 +273,7 @@ class CPUQueue(HWQueue):
         self._cmd_ends: list[int] = []  # record index just past each command
         self._block: tuple[int, int] | None = None  # (address, bytes) of the bound block
         self._last_run_end = 0  # ring position just past this queue's last RUN_BLOCK record
+        self._run_record: np.ndarray | None = None  # the RUN_BLOCK record of the bound block
 
     def _record(self, op: Op, *operands: Value, extra: Sequence[Value] = ()) -> None:
         if len(operands) >= RECORD_WORDS:
@@ -334,9 +337,12 @@ class CPUQueue(HWQueue):
     def _submit(self, device: Any) -> None:
         dev = _as_cpu(device)
         if self._block is not None:
-            run = np.zeros((1, RECORD_WORDS), dtype=np.uint64)
-            run[0, :3] = (Op.RUN_BLOCK, self._block[0], len(self._words) // RECORD_WORDS)
-            self._last_run_end = dev.push(run, [1], self)
+            run = self._run_record
+            if run is None:  # the same record every replay: the block's address and length are fixed
+                run = np.zeros((1, RECORD_WORDS), dtype=np.uint64)
+                run[0, :3] = (Op.RUN_BLOCK, self._block[0], len(self._words) // RECORD_WORDS)
+                self._run_record = run
+            self._last_run_end = dev.push(run, _ONE_COMMAND, self)
         else:
             dev.push(self.words().reshape(-1, RECORD_WORDS), self._cmd_ends, self)
 
