@@ -273,7 +273,8 @@ def _halves(rng: np.random.Generator, n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("n", [1, 37, 100])
 def test_bits_and_packed_f16_kernel(n: int) -> None:
-    """The corpus kernel bits_packed (LLVM's v_clz/v_ctz/v_cls/v_perm and v_pk_*_f16 with op_sel and neg)
+    """The corpus kernel bits_packed (LLVM's v_mad_u32_u24, v_clz/v_ctz/v_cls/v_perm and v_pk_*_f16 with
+    op_sel and neg)
     against the ISA pseudocode and exactly rounded f16 math; lanes past n (EXEC off) write nothing."""
     rng = np.random.default_rng(40 + n)
     rand = rng.integers(0, 2**32, 2 * n, dtype=np.uint64).astype(np.uint32)
@@ -286,15 +287,16 @@ def test_bits_and_packed_f16_kernel(n: int) -> None:
     hb[np.isnan(ha) & np.isnan(hb)] = np.float16(3)
     m = Buffers()
     pad = 8  # extra slots: the launch covers 64 lanes, only n may store
-    out, outh = m.out(5 * n + pad, np.uint32), m.out(2 * (5 * n + pad), np.float16)
+    out, outh = m.out(6 * n + pad, np.uint32), m.out(2 * (5 * n + pad), np.float16)
     args = struct.pack("<7Qi", out, outh, m.put(a), m.put(b), m.put(c), m.put(ha), m.put(hb), n)
     interp.run(corpus.program("bits_packed"), m.mem, args, _groups(n), (64, 1, 1))
     got = m.get(out, np.uint32).reshape(-1)
-    want = np.array([[min(_clz_ref(int(x)), 32), _ctz_ref(int(y)), _cls_ref(int(x)) & 0xFFFFFFFF,
+    want = np.array([[((int(x) & 0xFFFFFF) * (int(y) >> 8) + int(z)) & 0xFFFFFFFF,
+                      min(_clz_ref(int(x)), 32), _ctz_ref(int(y)), _cls_ref(int(x)) & 0xFFFFFFFF,
                       _perm_ref(int(x), int(y), int(z)), _cls_ref(int(y)) & 0xFFFFFFFF]
                      for x, y, z in zip(a, b, c)], np.uint32).reshape(-1)
-    np.testing.assert_array_equal(got[: 5 * n], want)
-    assert (got[5 * n:] == 0xABABABAB).all()  # lanes n.. of the last wave are off in EXEC: untouched
+    np.testing.assert_array_equal(got[: 6 * n], want)
+    assert (got[6 * n:] == 0xABABABAB).all()  # lanes n.. of the last wave are off in EXEC: untouched
     x, y = ha.reshape(n, 2), hb.reshape(n, 2)
     ys = y[:, ::-1]
     with np.errstate(all="ignore"):

@@ -508,8 +508,9 @@ INT64 = _kernel("int64", f"{_G} %out, {_G} %out2, {_G} %a, {_G} %b, i32 %n", _GL
 done:
   ret void""", (64, 1))
 
-# per-lane bit counts and byte permutes (v_clz_i32_u32, v_ctz_i32_b32, v_cls_i32, v_perm_b32) and packed
-# f16 math (v_pk_max/min/add/mul/fma_f16, with op_sel swapping halves and neg): out[5 i + k], outh[5 i + k]
+# per-lane bit counts, byte permutes and a 24-bit multiply-add (v_clz_i32_u32, v_ctz_i32_b32, v_cls_i32,
+# v_perm_b32, v_mad_u32_u24): out[6 i + k]; packed f16 math (v_pk_max/min/add/mul/fma_f16, with op_sel
+# swapping halves and neg): outh[5 i + k]
 BITS_PACKED = _kernel("bits_packed", f"{_G} %out, {_G} %outh, {_G} %a, {_G} %b, {_G} %c, {_G} %ha, {_G} %hb, "
                       "i32 %n", _GLOBAL_INDEX + """
   %pa = getelementptr i32, ptr addrspace(1) %a, i32 %i
@@ -523,16 +524,23 @@ BITS_PACKED = _kernel("bits_packed", f"{_G} %out, {_G} %outh, {_G} %a, {_G} %b, 
   %cls = call i32 @llvm.amdgcn.sffbh.i32(i32 %va)
   %perm = call i32 @llvm.amdgcn.perm(i32 %va, i32 %vb, i32 %vc)
   %clsb = call i32 @llvm.amdgcn.sffbh.i32(i32 %vb)
+  %a24 = and i32 %va, 16777215
+  %b24 = lshr i32 %vb, 8
+  %m24 = mul i32 %a24, %b24
+  %mad = add i32 %m24, %vc
   %o = mul i32 %i, 5
+  %oi = mul i32 %i, 6
+  %q5 = getelementptr i32, ptr addrspace(1) %out, i32 %oi
   %o1 = add i32 %o, 1
   %o2 = add i32 %o, 2
   %o3 = add i32 %o, 3
   %o4 = add i32 %o, 4
-  %q0 = getelementptr i32, ptr addrspace(1) %out, i32 %o
-  %q1 = getelementptr i32, ptr addrspace(1) %out, i32 %o1
-  %q2 = getelementptr i32, ptr addrspace(1) %out, i32 %o2
-  %q3 = getelementptr i32, ptr addrspace(1) %out, i32 %o3
-  %q4 = getelementptr i32, ptr addrspace(1) %out, i32 %o4
+  %q0 = getelementptr i32, ptr addrspace(1) %q5, i32 1
+  %q1 = getelementptr i32, ptr addrspace(1) %q5, i32 2
+  %q2 = getelementptr i32, ptr addrspace(1) %q5, i32 3
+  %q3 = getelementptr i32, ptr addrspace(1) %q5, i32 4
+  %q4 = getelementptr i32, ptr addrspace(1) %q5, i32 5
+  store i32 %mad, ptr addrspace(1) %q5
   store i32 %clz, ptr addrspace(1) %q0
   store i32 %ctz, ptr addrspace(1) %q1
   store i32 %cls, ptr addrspace(1) %q2

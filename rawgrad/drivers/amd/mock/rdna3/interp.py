@@ -822,6 +822,8 @@ _VALU: dict[str, _VOp] = {
     "v_mul_hi_u32": _u(lambda a, b: ((a.astype(np.uint64) * b.astype(np.uint64)) >> np.uint64(32))
                        .astype(np.uint32)),
     "v_mul_u32_u24": _u(lambda a, b: (a & np.uint32(0xFFFFFF)) * (b & np.uint32(0xFFFFFF))),
+    # D = u24(S0) * u24(S1) + S2, the low 32 bits (RDNA3 ISA, V_MAD_U32_U24)
+    "v_mad_u32_u24": _u(lambda a, b, c: (a & np.uint32(0xFFFFFF)) * (b & np.uint32(0xFFFFFF)) + c, 3),
     "v_and_b32": _u(lambda a, b: a & b, 2, "b32"),
     "v_or_b32": _u(lambda a, b: a | b, 2, "b32"),
     "v_xor_b32": _u(lambda a, b: a ^ b, 2, "b32"),

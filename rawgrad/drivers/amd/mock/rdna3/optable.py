@@ -15,7 +15,7 @@ cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.
   ew_f16 (IR sha256 6e29959da4798afe, 42 instructions, a VOPD pair counted twice)
   wave_sum (IR sha256 603bf8c8390cf3b4, 47 instructions, a VOPD pair counted twice)
   int64 (IR sha256 2d7021600a69f24b, 51 instructions, a VOPD pair counted twice)
-  bits_packed (IR sha256 d7aea3f9a8f13d1d, 69 instructions, a VOPD pair counted twice)
+  bits_packed (IR sha256 efd7838845817081, 76 instructions, a VOPD pair counted twice)
   scalar_ops (IR sha256 efa98f1c61b2ca30, 61 instructions, a VOPD pair counted twice)
   and every distinct kernel the AMDGPU renderer makes for renderer_ops() in the tool
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
@@ -212,6 +212,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 290): "v_subrev_co_ci_u32_e64",
     ("VOP3", 400): "v_cvt_f64_f32_e64",
     ("VOP3", 405): "v_cvt_u32_f64_e64",
+    ("VOP3", 523): "v_mad_u32_u24",
     ("VOP3", 528): "v_bfe_u32",
     ("VOP3", 529): "v_bfe_i32",
     ("VOP3", 531): "v_fma_f32",
