@@ -41,7 +41,7 @@ from rawgrad.tensor.schedule import (
 
 __all__ = ["ScheduleCacheStats", "clear", "schedule", "stats"]
 
-# Templates kept, least recently used dropped first: a process that keeps making new graph shapes does not
+# Templates kept, the oldest dropped first: a process that keeps making new graph shapes does not
 # grow without bound (a template is a few hundred bytes per kernel plus its key).
 MAX_TEMPLATES = 512
 # Graphs with more nodes than this are scheduled without the cache: the key alone costs a walk of the whole
@@ -85,7 +85,7 @@ def float_bits(dtype: DType, value: float) -> int:
     return _float_bits(dtype, value)
 
 
-def _graph_key(outs: list[UOp]) -> tuple[tuple[Any, ...], list[UOp], dict[UOp, int]] | None:
+def _graph_key(outs: list[UOp]) -> tuple[_Key, list[UOp], dict[UOp, int]] | None:
     """(key, nodes in key order, position of each node); None past MAX_KEY_NODES."""
     nodes: list[UOp] = []
     index: dict[UOp, int] = {}
@@ -116,7 +116,23 @@ def _graph_key(outs: list[UOp]) -> tuple[tuple[Any, ...], list[UOp], dict[UOp, i
             if s not in index:
                 stack.append((s, False))
     entries.append(tuple(index[o] for o in outs))
-    return tuple(entries), nodes, index
+    return _Key(tuple(entries)), nodes, index
+
+
+class _Key:
+    """A graph key that hashes once: a tuple's hash is not cached, and a dict lookup, a store and an
+    eviction would each hash every entry again (thousands for a model step)."""
+
+    __slots__ = ("entries", "h")
+
+    def __init__(self, entries: tuple[Any, ...]) -> None:
+        self.entries, self.h = entries, hash(entries)
+
+    def __hash__(self) -> int:
+        return self.h
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self.h == other.h and self.entries == other.entries
 
 
 # A buffer in a template: a position in the key (>= 0, an input buffer of the new graph) or ~k (< 0), the
@@ -204,7 +220,9 @@ def _instantiate(t: _Template, nodes: list[UOp]) -> tuple[list[ScheduleItem], li
     return items, [_decode(r, nodes, fresh) for r in t.results]
 
 
-_templates: OrderedDict[tuple[Any, ...], _Template] = OrderedDict()
+# Templates by key, oldest first: past MAX_TEMPLATES the oldest made is dropped (first in, first out: a hit
+# does not reorder, which would cost a lock and another lookup on every eager realize).
+_templates: OrderedDict[_Key, _Template] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -224,9 +242,6 @@ def schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], list[UOp]]:
     t = _templates.get(key)
     if t is not None:
         _stats.hits += 1
-        with _lock:
-            if key in _templates:
-                _templates.move_to_end(key)
         return _instantiate(t, nodes)
     _stats.misses += 1
     items, results = create_schedule(outs)
