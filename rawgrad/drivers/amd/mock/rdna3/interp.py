@@ -322,18 +322,26 @@ class _State:
         self.s_pending = np.zeros((nwaves, SGPR_FILE), np.int32)
         self.s_pending_pc = np.zeros((nwaves, SGPR_FILE), np.int64)
         self.dn32, self.dn16 = denorm_modes(prog.kd)
+        # the wave set of a step where every wave of the batch is at the same pc (the common case): code that
+        # indexes registers by it uses a slice, a view, instead of gathering and scattering rows (see _ix)
+        self.all_waves = np.arange(nwaves)
 
     def vread(self, reg: int, w: np.ndarray, lanes: Any = slice(None)) -> np.ndarray:
         """VGPR reg of waves w (optionally selected lanes), after checking no load in flight writes it."""
         _check_pending(self, "v", reg, w, "reads")
-        return self.v[reg][w, lanes] if not isinstance(lanes, slice) else self.v[reg][w]
+        return self.v[reg][w, lanes] if not isinstance(lanes, slice) else self.v[reg][_ix(self, w)]
 
     def exec_mask(self, w: np.ndarray) -> np.ndarray:
         """bool[k, 32]: the lanes EXEC enables in each selected wave."""
-        return ((self.s[w, EXEC_LO][:, None] >> _LANES) & 1).astype(bool)
+        return ((self.s[_ix(self, w), EXEC_LO][:, None] >> _LANES) & 1).astype(bool)
 
     def mask_of(self, reg: int, w: np.ndarray) -> np.ndarray:
-        return ((self.s[w, reg][:, None] >> _LANES) & 1).astype(bool)
+        return ((self.s[_ix(self, w), reg][:, None] >> _LANES) & 1).astype(bool)
+
+
+def _ix(st: _State, w: np.ndarray) -> Any:
+    """How to index the wave axis for waves w: a slice when w is every wave of the batch, else w itself."""
+    return slice(None) if w is st.all_waves else w
 
 
 def _pack_mask(bits: np.ndarray) -> np.ndarray:
@@ -349,7 +357,8 @@ def _pack_mask(bits: np.ndarray) -> np.ndarray:
 # order, are in flight). Reading or writing a register that a load in flight will write is reported as a
 # missing s_waitcnt instead of computing with the stale value.
 def _check_pending(st: _State, kind: str, reg: int, w: np.ndarray, what: str, n: int = 1) -> None:
-    pend = st.v_pending[reg:reg + n][:, w] if kind == "v" else st.s_pending[w, reg:reg + n].T
+    ix = _ix(st, w)
+    pend = st.v_pending[reg:reg + n][:, ix] if kind == "v" else st.s_pending[ix, reg:reg + n].T
     if pend.any():
         r, k = (int(x) for x in np.argwhere(pend)[0])
         wave = int(w[k])
@@ -949,24 +958,25 @@ def _const_bits(op: Operand, ty: str) -> int:
 def _read_bits(st: _State, op: Operand, ty: str, w: np.ndarray, hi: bool = False) -> np.ndarray:
     """An operand's bits as unsigned ints of the type's width, shape (k, 32) for VGPRs, (k, 1) for scalars."""
     width = _WIDTH[ty]
+    ix = _ix(st, w)
     if op.kind == "vgpr":
         _check_pending(st, "v", op.index, w, "reads", 2 if width == 64 else 1)
         if width == 64:
-            lo = st.v[op.index][w].astype(np.uint64)
-            return lo | (st.v[op.index + 1][w].astype(np.uint64) << np.uint64(32))
-        x = st.v[op.index][w]
+            lo = st.v[op.index][ix].astype(np.uint64)
+            return lo | (st.v[op.index + 1][ix].astype(np.uint64) << np.uint64(32))
+        x = st.v[op.index][ix]
     elif op.kind == "sgpr":
         if op.index < NUM_SGPRS:
             _check_pending(st, "s", op.index, w, "reads", 2 if width == 64 else 1)
         if op.index == SGPR_NULL:
             x = np.zeros((len(w), 1), np.uint32)
         elif width == 64:
-            lo = st.s[w, op.index].astype(np.uint64)
-            return (lo | (st.s[w, op.index + 1].astype(np.uint64) << np.uint64(32)))[:, None]
+            lo = st.s[ix, op.index].astype(np.uint64)
+            return (lo | (st.s[ix, op.index + 1].astype(np.uint64) << np.uint64(32)))[:, None]
         else:
-            x = st.s[w, op.index][:, None]
+            x = st.s[ix, op.index][:, None]
     elif op.kind == "scc":
-        x = st.scc[w][:, None]
+        x = st.scc[ix][:, None]
     else:
         bits = _const_bits(op, ty)
         if width == 64:
@@ -995,19 +1005,20 @@ def _write_v(st: _State, reg: int, w: np.ndarray, vals: np.ndarray, ty: str, lan
         arr = arr.astype(_FLOAT_TYPES[ty])
     bits = np.broadcast_to(arr.astype(_INT_TYPES.get(ty, arr.dtype), copy=False)
                            .view({16: np.uint16, 32: np.uint32, 64: np.uint64}[width]), lanes.shape)
+    ix = _ix(st, w)
     if width == 64:
         for half, shift in ((0, 0), (1, 32)):
-            cur = st.v[reg + half][w]
-            st.v[reg + half][w] = np.where(lanes, (bits >> np.uint64(shift)).astype(np.uint32), cur)
+            cur = st.v[reg + half][ix]
+            st.v[reg + half][ix] = np.where(lanes, (bits >> np.uint64(shift)).astype(np.uint32), cur)
         return
-    cur = st.v[reg][w]
+    cur = st.v[reg][ix]
     if width == 16:  # a 16-bit result replaces one half of the VGPR and keeps the other (gfx11 true16)
         b32 = bits.astype(np.uint32)
         keep = cur & np.uint32(0xFFFF if hi else 0xFFFF0000)
         new = keep | (b32 << np.uint32(16 if hi else 0))
     else:
         new = bits
-    st.v[reg][w] = np.where(lanes, new, cur)
+    st.v[reg][ix] = np.where(lanes, new, cur)
 
 
 def _write_s(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
@@ -1018,7 +1029,7 @@ def _write_s(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
         _check_pending(st, "s", reg, w, "writes")
     if reg >= SGPR_FILE or (reg >= NUM_SGPRS and reg not in (VCC_LO, VCC_LO + 1, M0, EXEC_LO, EXEC_LO + 1)):
         raise RDNA3Fault(f"scalar destination {reg} is not a writable register")
-    st.s[w, reg] = np.asarray(vals).astype(np.uint32)
+    st.s[_ix(st, w), reg] = np.asarray(vals).astype(np.uint32)
 
 
 def _write_s64(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
@@ -1743,6 +1754,10 @@ def _step(st: _State, ins: Instr, w: np.ndarray) -> None:
     elif fmt == "VOPD":
         if ins.mnemonic_y is None:
             raise MockUnsupported(f"<VOPDY opcode {ins.op_y}>", "the opcode table has no entry for it")
+        if w is st.all_waves:
+            # both halves read the old registers: gather copies, since a slice's views would let the X
+            # write-back change what Y writes (a swap through v_dual_mov_b32)
+            w = w.copy()
         wx = _valu(st, ins, w, base, mnemonic, "x")
         wy = _valu(st, ins, w, mnemonic_base(ins.mnemonic_y), ins.mnemonic_y, "y")
         wx()
@@ -1845,7 +1860,8 @@ def _run_batch(st: _State, budget: int, stats: RunStats) -> None:
                 return
             raise RDNA3Fault(f"{prog.name}: waves wait at s_barrier forever")  # unreachable: release below
         pc = int(st.pc[running].min())
-        w = np.nonzero(running & (st.pc == pc))[0]
+        here = running & (st.pc == pc)
+        w = st.all_waves if here.all() else np.nonzero(here)[0]
         ins = prog.at(pc)
         try:
             _step(st, ins, w)
