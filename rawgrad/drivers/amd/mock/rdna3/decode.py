@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from functools import cache
 
 from rawgrad.drivers.amd.mock.rdna3.optable import OPTABLE
 from rawgrad.drivers.amd.mock.rdna3.optable_ops import OPTABLE_OPS
@@ -265,6 +266,7 @@ def decode_all(code: bytes | memoryview, start: int = 0, end: int | None = None)
     return out
 
 
+@cache  # a pure function of the string, asked once per interpreter step
 def mnemonic_base(mnemonic: str) -> str:
     """The operation a mnemonic names, independent of encoding: 'v_add_f32_e32' / 'v_add_f32_e64' /
     'v_dual_add_f32' -> 'v_add_f32'."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -913,6 +914,7 @@ _CMP_OPS: dict[str, Callable[[Any, Any], Any]] = {
 _CMP_TYPES = ("f16", "f32", "f64", "i16", "u16", "i32", "u32", "i64", "u64")
 
 
+@cache  # a pure function of the mnemonic, asked once per VALU step
 def _compare_op(base: str) -> tuple[str, Callable[..., Any], bool] | None:
     """(source type, predicate, writes EXEC) for a compare mnemonic base, else None."""
     for prefix, to_exec in (("v_cmpx_", True), ("v_cmp_", False)):
