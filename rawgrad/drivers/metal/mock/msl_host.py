@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import math
+import platform
 import re
 import shutil
 import subprocess
@@ -59,6 +60,73 @@ _ATTRIBUTES = {
     "threads_per_threadgroup": {"uint": "LX", "uint3": "uint3(LX, LY, LZ)"},
     "threadgroups_per_grid": {"uint": "GX", "uint3": "uint3(GX, GY, GZ)"},
 }
+
+
+# Lanes of a synchronizing kernel run as fibers on one thread where the harness has a stack switch for the
+# host (x86-64 System V); elsewhere as threads (correct, much slower for large reductions).
+FIBERS = platform.machine() in ("x86_64", "AMD64")
+# Stack of each lane fiber: the kernels keep a few scalars per lane.
+FIBER_STACK_BYTES = 128 * 1024
+_SWAP_ASM = r"""
+asm(".text\n.globl rg_swap\n.type rg_swap,@function\nrg_swap:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
+    ".size rg_swap, .-rg_swap\n");
+"""
+
+
+def _fiber_harness(launch: str) -> tuple[tuple[str, str], str, list[str]]:
+    """(file-scope part, rg_run body), prelude and flags of the fiber harness for `launch`."""
+    scope = f"""{_SWAP_ASM}
+static void** slots;
+static unsigned GX, GY, GZ, LX, LY, LZ, gx, gy, gz;
+static void rg_lane_entry() {{
+  metal::rg_fiber_lane* me = metal::rg_cur;
+  const unsigned lin = me->lane, lx = lin % LX, ly = lin / LX % LY, lz = lin / (LX * LY);
+  {launch}
+  me->finished = true;
+  rg_swap(&me->sp, metal::rg_sched_sp);
+  __builtin_trap();  // a finished lane is never resumed
+}}
+"""
+    body = f"""  slots = slots_; GX = GX_; GY = GY_; GZ = GZ_; LX = LX_; LY = LY_; LZ = LZ_;
+  const unsigned L = LX * LY * LZ, S = L < {SIMD_WIDTH}u ? L : {SIMD_WIDTH}u;
+  const unsigned long G = (unsigned long)GX * GY * GZ;
+  const size_t STACK = {FIBER_STACK_BYTES};
+  char* stacks = (char*)std::malloc(STACK * L);
+  if (!stacks) return -1;
+  std::vector<metal::rg_fiber_lane> lanes(L);
+  std::vector<uint64_t> exchange(L);
+  std::vector<unsigned> counts(L);
+  long bad = 0;
+  for (unsigned long group = 0; group < G && !bad; group++) {{
+    gx = group % GX; gy = group / GX % GY; gz = group / ((unsigned long)GX * GY);
+    for (unsigned l = 0; l < L; l++) {{
+      uint64_t* sp = (uint64_t*)(stacks + (size_t)(l + 1) * STACK);  // 16-byte aligned top
+      *--sp = 0;  // where the entry's return address would be: it never returns
+      *--sp = (uint64_t)(void*)&rg_lane_entry;  // rg_swap's ret lands here
+      for (int r = 0; r < 6; r++) *--sp = 0;  // rbp rbx r12-r15
+      counts[l] = 0u;
+      lanes[l] = metal::rg_fiber_lane{{exchange.data(), l, S, &counts[l], sp, false}};
+    }}
+    for (unsigned live = L; live;) {{
+      live = 0;
+      for (unsigned l = 0; l < L; l++) {{
+        if (lanes[l].finished) continue;
+        metal::rg_cur = &lanes[l];
+        rg_swap(&metal::rg_sched_sp, lanes[l].sp);  // to its next barrier or shuffle half, or its end
+        live += !lanes[l].finished;
+      }}
+    }}
+    for (unsigned l = 1; l < L; l++)
+      if (counts[l] != counts[0]) {{ bad = (long)group * L + l + 1; break; }}
+  }}
+  std::free(stacks);
+  return bad;
+"""
+    prelude = "#define RG_HOST_FIBERS 1\n#include <cstdlib>\n#include <vector>\n"
+    return (scope, body), prelude, ["-std=c++20"]
 
 
 class MSLHostError(RuntimeError):
@@ -185,6 +253,7 @@ class HostKernels:
                 raise MSLHostError(f"{name}: the host harness cannot bind parameter {p!r}")
         launch = f"{name}({', '.join(call)});"
         lanes = "threadgroup_barrier(" in _body(source) or "rg_shfl(" in _body(source)
+        scope = ""  # file-scope code the harness needs before its entry point
         grid = ("  for (unsigned gz = 0; gz < GZ; gz++) for (unsigned gy = 0; gy < GY; gy++)\n"
                 "  for (unsigned gx = 0; gx < GX; gx++) {\n")
         if lanes:
@@ -234,6 +303,8 @@ class HostKernels:
 """
             prelude = "#define RG_HOST_LANES 1\n#include <memory>\n#include <thread>\n#include <vector>\n"
             std = ["-std=c++20", "-pthread"]
+            if FIBERS:
+                (scope, body), prelude, std = _fiber_harness(launch)
         else:
             body = (f"{grid}    for (unsigned lz = 0; lz < LZ; lz++) for (unsigned ly = 0; ly < LY; ly++)\n"
                     f"    for (unsigned lx = 0; lx < LX; lx++) {{\n"
@@ -243,7 +314,10 @@ class HostKernels:
             prelude, std = "", [CHECK_STD]
         entry = ('extern "C" long rg_run(void** slots, unsigned GX, unsigned GY, unsigned GZ, unsigned LX, '
                  'unsigned LY, unsigned LZ)')
-        harness = f"{prelude}{source}\n{entry} {{\n{body}}}\n"
+        if lanes and FIBERS:
+            entry = ('extern "C" long rg_run(void** slots_, unsigned GX_, unsigned GY_, unsigned GZ_, '
+                     'unsigned LX_, unsigned LY_, unsigned LZ_)')
+        harness = f"{prelude}{source}\n{scope}{entry} {{\n{body}}}\n"
         root = self._root()
         stem = f"{digest[:32]}_{name}"
         src_path, lib_path = root / f"{stem}.metal", root / f"{stem}.so"

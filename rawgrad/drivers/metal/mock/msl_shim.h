@@ -74,6 +74,41 @@ template <typename T> T simd_shuffle_xor(T value, ushort mask) {
   std::memcpy(&out, &other, sizeof(T));
   return out;
 }
+#elif defined(RG_HOST_FIBERS)
+// Every lane of a threadgroup is a fiber on one host thread (x86-64: the stack switch below saves the
+// callee-saved registers of the System V ABI). threadgroup_barrier and each half of a shuffle yield to the
+// harness, which runs every live lane to its next yield in turn: the lanes move in lockstep from one
+// synchronization point to the next, as on a GPU, without a thread switch per lane (threads made the big
+// reductions of a model take minutes).
+extern "C" void rg_swap(void** save, void* load);
+struct rg_fiber_lane {
+  uint64_t* exchange;  // one word per lane of the threadgroup, for shuffles
+  unsigned lane, simd_width;
+  unsigned* barriers;  // threadgroup_barrier calls this lane made (a mismatch is a fault)
+  void* sp;            // the saved stack pointer while the lane is not running
+  bool finished;
+};
+inline rg_fiber_lane* rg_cur = nullptr;
+inline void* rg_sched_sp = nullptr;
+inline void rg_yield() { rg_swap(&rg_cur->sp, rg_sched_sp); }
+inline void threadgroup_barrier(mem_flags) {
+  ++*rg_cur->barriers;
+  rg_yield();
+}
+template <typename T> T simd_shuffle_xor(T value, ushort mask) {
+  static_assert(sizeof(T) <= 8, "shuffles move at most 64 bits");
+  rg_fiber_lane* me = rg_cur;
+  unsigned first = me->lane / me->simd_width * me->simd_width, in_simd = me->lane - first;
+  uint64_t word = 0;
+  std::memcpy(&word, &value, sizeof(T));
+  me->exchange[me->lane] = word;
+  rg_yield();  // every lane has written
+  uint64_t other = me->exchange[first + (in_simd ^ mask)];
+  rg_yield();  // every lane has read before the next shuffle writes
+  T out;
+  std::memcpy(&out, &other, sizeof(T));
+  return out;
+}
 #else
 // Declared only: enough to type-check a kernel.
 void threadgroup_barrier(mem_flags flags);
