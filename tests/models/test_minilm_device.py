@@ -20,9 +20,10 @@ from rawgrad.models import minilm  # noqa: E402
 SENTENCE = ["A short sentence."]
 # float32 through a different device: reductions in another order, fma contraction, the AMD interpreter's
 # correctly rounded exp/rcp against LLVM's CPU code. Unit-norm embeddings: an absolute bound per element and
-# a cosine bound (measured on the AMD mock: see docs/amd.md).
-MAX_ABS_DIFF = 1e-5
-MIN_COSINE = 1 - 1e-6
+# a cosine bound. Measured on the AMD mock (2026-11-28): max |diff| 1.27e-7, 1 - cosine 3.3e-13; the bounds
+# leave room for the NV mock's approximate instructions (ex2/rcp at their ISA error bounds).
+MAX_ABS_DIFF = 5e-6
+MIN_COSINE = 1 - 1e-8
 
 
 @pytest.mark.device_slice_keep
