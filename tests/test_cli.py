@@ -137,3 +137,20 @@ def test_bench_gpu_runs_on_the_amd_mock_and_labels_its_numbers(monkeypatch: pyte
     assert row["gpu_us_per_kernel"] > 0 and row["timestamps_ordered"] and row["gpu_within_wall"]
     assert res["dispatch"]["rawgrad_queue"]["kernel"].startswith("rawgrad_empty (LLVM IR")
     assert res["bandwidth"]["rawgrad"]["check"]["passed"] and res["bandwidth"]["rawgrad"]["gpu_within_wall"]
+
+
+def test_amd_smoke_hardware_fault_step_reports_an_unmapped_read() -> None:
+    # on hardware the fault step reads an unmapped page (RSRC2 is not validated there); run here on the mock,
+    # whose interpreter reports the read as a GPU fault naming the address
+    from rawgrad.cli import amd_smoke
+    from rawgrad.drivers.amd.device import AMDDevice, MockAMD
+    run = amd_smoke._Run(mock=False, fault=True)
+    run.mock_gpu = MockAMD()
+    run.os = amd_smoke.TracingKFD(run.mock_gpu.kfd)
+    try:
+        run.dev = AMDDevice("AMD", run.os, mock=run.mock_gpu, timeout_s=amd_smoke.TIMEOUT_S)
+        got = amd_smoke._fault(run)["reported"]
+    finally:
+        run.close()
+    assert got.startswith("DeviceFault") and "rawgrad_amd_copy" in got
+    assert "at 0x1000: not inside any mapping" in got

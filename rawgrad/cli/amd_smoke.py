@@ -22,7 +22,9 @@ Steps:
     compared.
 11. `tensor_ops`: elementwise, reduce and matmul through Tensor on "AMD", compared with numpy.
 12. `tinyjit`: a TinyJit capture, then replays: one INDIRECT_BUFFER and one doorbell each.
-13. `fault` (mock, or `--fault`): a dispatch with a wrong RSRC2 must become a DeviceFault naming the field.
+13. `fault` (mock, or `--fault`): a broken dispatch must be reported. On the mock it is a wrong RSRC2, and
+    the DeviceFault must name the field. On hardware it is a read of an unmapped page, which KFD's MEMORY
+    event reports.
 
 `--mock` runs the same steps on the mock (AMD_MOCK=1 for the registry's device). Its results prove the code
 paths, not the hardware, and the table says so.
@@ -55,6 +57,7 @@ INTERRUPT_GATE_S = 0.02  # the interrupt step releases the GPU this long after t
 # the GPU counter is 100 MHz (AMD-METAL-FACTS 1.4): GPU ns per host ns should be ~1; this is the band
 # accepted (timestamps are written at end of pipe, so the pair can land a little later than the host reads)
 CLOCK_RATE_BAND = (0.5, 2.0)
+UNMAPPED_VA = 0x1000  # the fault step's read address: page 1, which no allocation of rawgrad's ever maps
 MOCK_NOTE = "MOCK (AMD_MOCK): these steps ran on rawgrad's mock KFD + command processor, not an AMD GPU"
 
 
@@ -337,24 +340,29 @@ def _tinyjit(run: _Run) -> dict[str, Any]:
 
 
 def _fault(run: _Run) -> dict[str, Any]:
-    """A wrong RSRC2 must come back as a DeviceFault naming COMPUTE_PGM_RSRC2, not as a silent result. On
-    hardware the GPU may instead hang the queue (then the timeout names the ring positions): both are
-    reports; a clean completion is the failure."""
+    """A broken dispatch must come back as a report, never as a silent result. On the mock: a wrong RSRC2,
+    which the dispatch validator names (COMPUTE_PGM_RSRC2). On hardware, which does not validate RSRC2: the
+    copy kernel reading an unmapped page, which KFD reports as a MEMORY event (a DeviceFault naming the VA);
+    a queue that hangs instead ends in a DeviceTimeout naming the ring positions. A clean completion fails."""
     from rawgrad.drivers.amd import pm4
     from rawgrad.hcq.errors import DeviceFault, DeviceTimeout
     dev = run.dev
-    prog = dev.copy_program()
-    a, b = dev.allocator.alloc(256), dev.allocator.alloc(256)
-    q = dev.queue().copy(b.va_addr, a.va_addr, 256)  # the copy kernel, with its RSRC2 broken below
-    rsrc2 = pm4.encode_dispatch(prog.co, 0, 0, (1, 1, 1), (1, 1, 1), fam=dev.fam).patch["rsrc2"]
-    q._words[rsrc2] ^= 1 << 7  # ENABLE_SGPR_WORKGROUP_ID_X flipped: RSRC2 no longer the descriptor's
+    b = dev.allocator.alloc(256)
+    if run.mock:
+        a = dev.allocator.alloc(256)
+        q = dev.queue().copy(b.va_addr, a.va_addr, 256)  # the copy kernel, with its RSRC2 broken below
+        packets = pm4.encode_dispatch(dev.copy_program().co, 0, 0, (1, 1, 1), (1, 1, 1), fam=dev.fam)
+        rsrc2 = packets.patch["rsrc2"]
+        q._words[rsrc2] ^= 1 << 7  # ENABLE_SGPR_WORKGROUP_ID_X flipped: RSRC2 no longer the descriptor's
+    else:
+        q = dev.queue().copy(b.va_addr, UNMAPPED_VA, 256)  # below the VA reservation: nothing maps it
     try:
         dev.timeline_submit(queue=q)
         dev.synchronize(TIMEOUT_S)
     except (DeviceFault, DeviceTimeout) as e:
         run.dev = None  # faulted: nothing more runs on it (close() below tears it down)
         dev.close()
-        return {"reported": f"{type(e).__name__}: {str(e)[:160]}"}
+        return {"reported": f"{type(e).__name__}: {str(e)[:400]}"}
     raise AssertionError("a dispatch with a wrong RSRC2 completed without any report")
 
 
