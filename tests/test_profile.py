@@ -160,6 +160,17 @@ def count_commands(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             return _real(self, *args, **kw)
 
         monkeypatch.setattr(HWQueue, kind, counted)
+    # The CPU device's eager launch writes its wait -> exec -> signal records directly (CPUProgram's fast
+    # path, issue 21), not through HWQueue's methods: count those three commands there.
+    from rawgrad.drivers.cpu.device import CPUProgram
+    real_push = CPUProgram._push_launch
+
+    def counted_push(self: CPUProgram, *args: Any, **kw: Any) -> None:
+        for kind in ("wait", "exec", "signal"):
+            counts[kind] += 1
+        real_push(self, *args, **kw)
+
+    monkeypatch.setattr(CPUProgram, "_push_launch", counted_push)
     return counts
 
 
