@@ -162,6 +162,11 @@ class MemoryMap:
             self._table = (np.array(self._bases, np.uint64),
                            np.array([b + buf.size for b, buf in zip(self._bases, self._bufs)], np.uint64))
         bases, ends = self._table
+        if len(bases):
+            # the whole span of the accesses inside the mapping of the lowest address: one mapping for all
+            k = int(np.searchsorted(bases, addr.min(), side="right")) - 1
+            if k >= 0 and int(addr.max()) + size <= int(ends[k]):
+                return np.full(addr.shape, k, np.int64), (addr - bases[k]).astype(np.int64)
         which = np.searchsorted(bases, addr, side="right").astype(np.int64) - 1
         if not len(bases):
             raise MemoryFault(f"{what} of {size} bytes at {int(addr[0]):#x}: nothing is mapped")
@@ -326,6 +331,7 @@ class _State:
         # the wave set of a step where every wave of the batch is at the same pc (the common case): code that
         # indexes registers by it uses a slice, a view, instead of gathering and scattering rows (see _ix)
         self.all_waves = np.arange(nwaves)
+        self.every_lane: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def vread(self, reg: int, w: np.ndarray, lanes: Any = slice(None)) -> np.ndarray:
         """VGPR reg of waves w (optionally selected lanes), after checking no load in flight writes it."""
@@ -400,19 +406,20 @@ def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
         if finish.any():
             done.append((load, finish))
     for load, finish in reversed(done):  # oldest first: two loads may write one register
-        sub = load.waves[finish]
+        whole = load.waves is st.all_waves and bool(finish.all())
+        sub = slice(None) if whole else load.waves[finish]
         for kind, reg, lanes, vals in load.writes:
             if kind == "s":
-                st.s[sub, reg] = vals[finish]
+                st.s[sub, reg] = vals if whole else vals[finish]
                 st.s_pending[sub, reg] -= 1
                 continue
             cur = st.v[reg][sub]
-            new = vals[finish]
+            new = vals if whole else vals[finish]
             if kind == "v_lo16":
                 new = (cur & np.uint32(0xFFFF0000)) | new
             elif kind == "v_hi16":
                 new = (cur & np.uint32(0xFFFF)) | (new << np.uint32(16))
-            st.v[reg][sub] = np.where(lanes[finish], new, cur)
+            st.v[reg][sub] = np.where(lanes if whole else lanes[finish], new, cur)
             st.v_pending[reg, sub] -= 1
         load.pending &= ~finish
         count[sub] -= 1
@@ -1581,6 +1588,14 @@ _GLOBAL_STORES = {"global_store_b32": 4, "global_store_b64": 8, "global_store_b9
 FLAT_SEG_GLOBAL, FLAT_SEG_SCRATCH = 2, 1  # FLAT encoding bits 17:16 (RDNA3 ISA, "FLAT, Scratch and Global")
 
 
+def _every_lane(st: _State, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.nonzero of k waves with all 32 lanes on (cached per k: (wave, lane) index pairs in order)."""
+    got = st.every_lane.get(k)
+    if got is None:
+        got = st.every_lane[k] = np.nonzero(np.ones((k, WAVE), bool))
+    return got
+
+
 def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
     f = ins.fields
     if f["seg"] == FLAT_SEG_SCRATCH:
@@ -1594,8 +1609,9 @@ def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         sbase = _read_bits(st, Operand("sgpr", f["saddr"]), "b64", w).astype(np.int64)
         addr = sbase + st.vread(f["addr"], w).astype(np.int64)
     addr = (addr + off).astype(np.uint64)
-    sel = np.nonzero(lanes)
-    a = addr[sel]
+    every = bool(lanes.all())  # every lane on: the (wave, lane) order is the arrays' own, no gathers
+    sel = _every_lane(st, len(w)) if every else np.nonzero(lanes)
+    a = addr.reshape(-1) if every else addr[sel]
     if name in _GLOBAL_LOADS:
         size, nregs = _GLOBAL_LOADS[name]
         raw = st.memory.load(a, size, ins.name)
@@ -1620,7 +1636,10 @@ def _flat(st: _State, ins: Instr, w: np.ndarray, base: str) -> None:
         size = _GLOBAL_STORES[name]
         d = f["data"]
         nregs = max(size // 4, 1)
-        words = np.stack([st.vread(d + r, w[sel[0]], sel[1]) for r in range(nregs)], axis=1)
+        if every:
+            words = np.stack([st.vread(d + r, w).reshape(-1) for r in range(nregs)], axis=1)
+        else:
+            words = np.stack([st.vread(d + r, w[sel[0]], sel[1]) for r in range(nregs)], axis=1)
         if name == "global_store_d16_hi_b16":
             words = words >> np.uint32(16)
         raw = words.astype(np.uint32).view(np.uint8).reshape(len(a), 4 * nregs)[:, :size]
