@@ -350,7 +350,7 @@ def test_a_saved_graph_replays_on_amd(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 def test_host_waits_sleep_in_wait_events_and_wake_on_the_interrupt(dev: AMDDevice, mock: MockAMD) -> None:
     # the SIGNAL event: a signal write is followed by a mailbox write + interrupt (RELEASE_MEM INT_SEL 2 on
-    # PM4, FENCE + TRAP on SDMA) that wakes the host's WAIT_EVENTS
+    # PM4, FENCE + TRAP on SDMA) that wakes the host's WAIT_EVENTS; sleeps under 1 ms stay plain sleeps
     ev = dev.signal_event
     assert ev is not None and dev.event_mailbox
     assert mock.kfd.events[ev.event_id].event_type == abi.KFD_IOC_EVENT_SIGNAL
@@ -358,15 +358,13 @@ def test_host_waits_sleep_in_wait_events_and_wake_on_the_interrupt(dev: AMDDevic
     assert done.event_wait is not None
     dev.queue().wait(gate, 1).signal(done, 7).submit(dev)
     dev.copy_queue().signal(gate, 1).submit(dev)
-    waits = dev.event_waits
     done.wait(7, TIMEOUT_S, check=dev.check_fault)
     assert done.value == 7
     queues = {name for name, ctxid in mock.cp.interrupts if ctxid == ev.event_id}
     assert any("PM4" in q for q in queues) and any("SDMA" in q for q in queues), mock.cp.interrupts
-    # the wait slept in WAIT_EVENTS (the GPU thread needs far more than the 50 us spin to get there)
-    assert dev.event_waits > waits and "WAIT_EVENTS" in mock.kfd.calls
-    # a long wait that nothing signals costs its time in WAIT_EVENTS, not in 1-ms polls that miss a wake-up:
-    # the interrupt of a later signal ends it well before its timeout
+    # a wait longer than the loop's first ~1.3 ms of short sleeps spends the rest in WAIT_EVENTS, and the
+    # interrupt of the signal that ends it wakes it well before its timeout
+    waits = dev.event_waits
     late = dev.new_signal(0)
     timer = threading.Timer(0.2, lambda: dev.queue().signal(late, 1).submit(dev))
     t0 = time.perf_counter()
@@ -376,6 +374,7 @@ def test_host_waits_sleep_in_wait_events_and_wake_on_the_interrupt(dev: AMDDevic
     finally:
         timer.join()
     assert late.value == 1 and time.perf_counter() - t0 < TIMEOUT_S / 2
+    assert dev.event_waits > waits and "WAIT_EVENTS" in mock.kfd.calls
 
 
 def test_without_the_signal_event_host_waits_poll(mock: MockAMD) -> None:
@@ -492,3 +491,15 @@ def test_tensor_reading_an_unmapped_address_is_a_device_fault(amd_registry: str,
     monkeypatch.setattr(AMDComputeQueue, "_kernargs", unmapped_input)
     with pytest.raises(DeviceFault, match=rf"GPU fault.*{bad:#x}"):
         _tensor_work(amd_registry)
+
+
+def test_sleeps_under_a_millisecond_stay_plain_sleeps(dev: AMDDevice, mock: MockAMD) -> None:
+    # WAIT_EVENTS counts whole ms: the wait loop's short sleeps (20 us doubling) must not each become a 1-ms
+    # event wait, or a short wait would be seen up to 1 ms late
+    before, calls = dev.event_waits, mock.kfd.calls.count("WAIT_EVENTS")
+    dev._event_wait(1, 0.0002)
+    assert dev.event_waits == before
+    t0 = time.perf_counter()
+    dev._event_wait(1, 0.002)  # nothing signals: WAIT_EVENTS times out after its 2 ms
+    assert dev.event_waits == before + 1 and mock.kfd.calls.count("WAIT_EVENTS") > calls
+    assert time.perf_counter() - t0 >= 0.0015

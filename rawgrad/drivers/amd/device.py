@@ -70,9 +70,12 @@ DEFAULT_RING_BYTES = 64 << 10
 EOP_BUFFER_BYTES = 0x1000
 # How often check_fault asks KFD (WAIT_EVENTS, no wait) whether a memory-fault or HW-exception event fired.
 FAULT_POLL_S = 0.001
-# Event waits are in whole ms (WAIT_EVENTS takes ms): a sleep shorter than that waits one ms at most, and
-# returns at the interrupt (the wait loop's sleeps are capped at 1 ms, so a missed interrupt costs <= 1 ms).
+# Event waits are in whole ms (WAIT_EVENTS takes ms). The wait loop's sleeps double from 20 us to a 1 ms cap
+# (hcq/signal.py): the shorter ones stay plain sleeps, so a short wait (a kernel of a few hundred us, a graph
+# replay whose signals do not interrupt) is seen as soon as before; from the first 1-ms sleep on, the wait
+# sleeps in WAIT_EVENTS and returns at the interrupt. A missed interrupt costs at most that 1 ms.
 MS_PER_S = 1000
+EVENT_WAIT_MIN_S = 1e-3
 # Signal slots come in GTT pages of this many bytes.
 SIGNAL_POOL_BYTES = 16 * PAGE
 # Same-device copies on the compute queue: a kernel moving one byte per work-item, in blocks of this many
@@ -431,11 +434,12 @@ class AMDDevice(HCQDevice):
         self.event_mailbox = page.va + sig.slot_index * abi.EVENT_SLOT_BYTES
 
     def _event_wait(self, value: int, seconds: float) -> None:
-        """The signals' `event_wait` hook: sleep in WAIT_EVENTS on the SIGNAL event until a signal write's
-        interrupt (or `seconds`, rounded up to whole ms). It may return early or late by one interrupt: the
-        wait loop checks the value again."""
+        """The signals' `event_wait` hook: a sleep of 1 ms or more is spent in WAIT_EVENTS on the SIGNAL event
+        until a signal write's interrupt (or `seconds`, rounded up to whole ms); shorter ones sleep (see
+        EVENT_WAIT_MIN_S). It may return early or late by one interrupt: the wait loop checks the value
+        again."""
         ids = self._signal_event_ids
-        if self.closed or not ids:
+        if self.closed or not ids or seconds < EVENT_WAIT_MIN_S:
             time.sleep(seconds)
             return
         self.event_waits += 1
