@@ -19,9 +19,13 @@ Metal semantics the fakes follow (Apple's MTLCommandBuffer/MTLSharedEvent/MTLCom
 command buffers of one queue execute in commit order; `encodeWaitForEvent:value:` blocks that buffer and
 every later one in its queue until the event reaches the value; shared events only increase; a committed
 buffer is retained by its queue and retains the resources it uses until it completes; an encoder must end
-before its buffer commits or makes another encoder; buffer argument indices are below 31. Dispatches are
-recorded in execution order (`dispatches`) and handed to `kernel_runner` when one is set (the later slice
-that executes the rendered MSL plugs in there).
+before its buffer commits or makes another encoder; buffer argument indices are below 31; a queue holds at
+most `maxCommandBufferCount` uncompleted buffers; blit copies stay inside their buffers and do not overlap;
+indirect command buffers follow their descriptor (no inherited state where commands set it, bind and command
+counts, the concurrent-dispatch type, ICB-capable pipelines) and their commands reach only buffers made
+resident with `useResource:usage:`. Dispatches (direct or ICB commands) are recorded in execution order
+(`dispatches`, the last few) and handed to `kernel_runner` when one is set (mock/gpu.py runs the MSL there);
+a runner that raises fails its command buffer (status Error, an NSError), as a GPU fault would.
 """
 from __future__ import annotations
 
