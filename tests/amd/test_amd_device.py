@@ -503,3 +503,30 @@ def test_sleeps_under_a_millisecond_stay_plain_sleeps(dev: AMDDevice, mock: Mock
     dev._event_wait(1, 0.002)  # nothing signals: WAIT_EVENTS times out after its 2 ms
     assert dev.event_waits == before + 1 and mock.kfd.calls.count("WAIT_EVENTS") > calls
     assert time.perf_counter() - t0 >= 0.0015
+
+
+def test_a_replayed_graph_interrupts_through_its_bound_event_variables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a graph template's signals have symbolic addresses: their interrupt packets name the event through the
+    # layout variables amd.event_mailbox / amd.event_id, which bind resolves to this device's event
+    from rawgrad import Device, TinyJit
+    from rawgrad.drivers.amd.queues import EVENT_ID, EVENT_MAILBOX, AMDComputeQueue
+    assert {EVENT_MAILBOX, EVENT_ID} <= set(AMDComputeQueue.LAYOUT_VARIABLES)  # saved graphs accept them
+    monkeypatch.setenv("AMD_MOCK", "1")
+    Device.close("AMD")
+    try:
+        dev = Device["AMD"]
+        assert isinstance(dev, AMDDevice) and dev.signal_event is not None and dev.mock is not None
+        f = TinyJit(lambda x: (x * 2 + 1).contiguous())
+        a = np.arange(64, dtype=np.float32)
+        for k in range(2):  # eager, capture
+            f(Tensor(a + k, device="AMD")).numpy()
+        x = Tensor(a + 5, device="AMD").realize()
+        dev.synchronize()
+        before = [c for _, c in dev.mock.cp.interrupts].count(dev.signal_event.event_id)
+        np.testing.assert_array_equal(f(x).numpy(), (a + 5) * 2 + 1)  # the replay: one INDIRECT_BUFFER
+        assert f.replays == 1
+        after = [c for _, c in dev.mock.cp.interrupts].count(dev.signal_event.event_id)
+        assert after > before, "the replayed block raised no interrupt for the device's event"
+    finally:
+        Device.close("AMD")

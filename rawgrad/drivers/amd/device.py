@@ -76,6 +76,9 @@ FAULT_POLL_S = 0.001
 # sleeps in WAIT_EVENTS and returns at the interrupt. A missed interrupt costs at most that 1 ms.
 MS_PER_S = 1000
 EVENT_WAIT_MIN_S = 1e-3
+# The queue-control page holds the PM4 and SDMA read/write pointers in its first 32 bytes; this spare word
+# takes the mailbox writes of a graph that carries interrupt packets on a device without a SIGNAL event.
+CTL_SPARE_OFFSET = 64
 # Signal slots come in GTT pages of this many bytes.
 SIGNAL_POOL_BYTES = 16 * PAGE
 # Same-device copies on the compute queue: a kernel moving one byte per work-item, in blocks of this many
@@ -432,6 +435,14 @@ class AMDDevice(HCQDevice):
         self._signal_event_ids = [sig.event_id]
         self.signal_event = sig
         self.event_mailbox = page.va + sig.slot_index * abi.EVENT_SLOT_BYTES
+
+    def event_target(self) -> tuple[int, int]:
+        """(mailbox VA, event id) that a graph template's interrupt packets bind to here. Without a SIGNAL
+        event: a spare dword of the queue-control page and id 0, so a graph that carries the packets still
+        runs (its interrupt wakes nobody)."""
+        if self.signal_event is None:
+            return self.ctl.va + CTL_SPARE_OFFSET, 0
+        return self.event_mailbox, self.signal_event.event_id
 
     def _event_wait(self, value: int, seconds: float) -> None:
         """The signals' `event_wait` hook: a sleep of 1 ms or more is spent in WAIT_EVENTS on the SIGNAL event

@@ -35,12 +35,17 @@ from rawgrad.hcq.signal import Signal
 if TYPE_CHECKING:
     from rawgrad.drivers.amd.device import AMDDevice
 
-__all__ = ["DATA_BASE", "AMDComputeQueue", "AMDCopyQueue"]
+__all__ = ["DATA_BASE", "EVENT_ID", "EVENT_MAILBOX", "AMDComputeQueue", "AMDCopyQueue"]
 
 # The user GPUVM aperture ends below 2**47 on gfx9/gfx11 (kfd_flat_memory.c): every GPU VA is below it.
 GPU_VA_LIMIT = 1 << 47
 # Where a queue's data region (kernarg segments) is when it runs; resolved at submit.
 DATA_BASE = Variable("amd.data_base", 0, GPU_VA_LIMIT - 1)
+# The device's KFD SIGNAL event as a graph template names it (its mailbox address and its id, which is also
+# the trigger data the mailbox gets): both belong to one process, so a template (and a saved graph) carries
+# them as layout variables that bind resolves for the device it runs on.
+EVENT_MAILBOX = Variable("amd.event_mailbox", 0, GPU_VA_LIMIT - 1)
+EVENT_ID = Variable("amd.event_id", 0, 0xFFFFFFFF)
 DWORD = 4
 DWORD_MASK = 0xFFFFFFFF
 # Kernarg segments start 16-byte aligned (AMDGPUUsage: the CP requires it): 4 dwords.
@@ -84,7 +89,7 @@ class _AMDQueue(HWQueue):
 class AMDComputeQueue(_AMDQueue):
     """HCQ commands for the PM4 compute queue (see the module docstring)."""
 
-    LAYOUT_VARIABLES = (DATA_BASE,)
+    LAYOUT_VARIABLES = (DATA_BASE, EVENT_MAILBOX, EVENT_ID)
 
     def __init__(self, device: AMDDevice) -> None:
         super().__init__(device)
@@ -94,6 +99,7 @@ class AMDComputeQueue(_AMDQueue):
         self._data_at = 0  # once sealed: the word index where the data region starts
         self._block: Any = None  # the bound copy's memory (an AMDBuffer)
         self._retire = [0]  # PM4 ring position after the last replay's trailing NOP (shared w/ finalizer)
+        self._event_vars = False  # whether a patch point names EVENT_MAILBOX / EVENT_ID
 
     # -- the vocabulary -----------------------------------------------------------------------------------
     # Signal addresses may be symbolic (a graph template relocates them): packets are built at address 0
@@ -107,14 +113,22 @@ class AMDComputeQueue(_AMDQueue):
         words = pm4.release_mem(self.device.fam, addr=0, data_sel=DataSel.VALUE64, value=0)
         self._packet(words, {3: (addr, 0), 4: (addr, 32), 5: (value, 0), 6: (value, 32)})
         event = self.device.signal_event
-        if event is not None and isinstance(addr, int):
-            # wake host waits (AMD-METAL-FACTS 1.4): the event's trigger data into its mailbox, then an
-            # interrupt carrying the event id once that write landed. A graph template's signals (symbolic
-            # addresses) skip it: the mailbox is this process's, and the host polls a replay's signal anyway.
-            self._emit(*pm4.release_mem(self.device.fam, addr=self.device.event_mailbox,
-                                        data_sel=DataSel.VALUE64, value=event.trigger_data,
-                                        int_sel=IntSel.INTERRUPT_AFTER_WRITE, ctxid=event.event_id,
-                                        writeback=False))
+        if event is None:
+            return
+        # wake host waits (AMD-METAL-FACTS 1.4): the event's trigger data into its mailbox, then an interrupt
+        # carrying the event id once that write landed. A graph template's signal (symbolic address) names the
+        # event through layout variables instead: the mailbox and the id belong to this process, and bind
+        # resolves them for the device the graph runs on.
+        words = pm4.release_mem(self.device.fam, addr=0, data_sel=DataSel.VALUE64, value=0,
+                                int_sel=IntSel.INTERRUPT_AFTER_WRITE, writeback=False)
+        if isinstance(addr, int):
+            mailbox: Value = self.device.event_mailbox
+            eid: Value = event.event_id
+            trigger: Value = event.trigger_data
+        else:
+            mailbox, eid, trigger = EVENT_MAILBOX, EVENT_ID, EVENT_ID  # KFD: trigger data == event id
+            self._event_vars = True
+        self._packet(words, {3: (mailbox, 0), 4: (mailbox, 32), 5: (trigger, 0), 7: (eid, 0)})
 
     def _timestamp(self, signal: Signal) -> None:
         addr: Value = signal.timestamp_address
@@ -209,6 +223,7 @@ class AMDComputeQueue(_AMDQueue):
         for p in patches:
             if p.index < split:
                 self._add_patch(p)
+                self._event_vars |= bool({EVENT_MAILBOX, EVENT_ID} & set(p.expr.variables()))
             else:
                 data[p.index - split] = (p.expr, p.shift)
         self._add_data(data)
@@ -254,6 +269,9 @@ class AMDComputeQueue(_AMDQueue):
         self._block = buf
         weakref.finalize(self, dev.free_after_ring, buf, self._retire)
         self._fold_variable(DATA_BASE, buf.va + DWORD * self._data_at)  # a bound block never moves
+        mailbox, eid = dev.event_target()
+        self._fold_variable(EVENT_MAILBOX, mailbox)
+        self._fold_variable(EVENT_ID, eid)
 
     def _before_patch(self, device: HCQDevice) -> None:
         if self._block is not None:  # rewritten in place: its previous run must be done with the words
@@ -278,6 +296,8 @@ class AMDComputeQueue(_AMDQueue):
             slot = ring.reserve(n, DATA_ALIGN_DWORDS, self.name)
             vals = dict(var_vals) if var_vals else {}
             vals[DATA_BASE] = dev.pm4_ring_va + DWORD * (slot + self._data_at)
+            if self._event_vars:  # a template's queue submitted unbound: its interrupt packets' event
+                vals[EVENT_MAILBOX], vals[EVENT_ID] = dev.event_target()
             self._slot = slot
             return super().submit(device, vals)
 
