@@ -338,3 +338,48 @@ def test_scalar_ops_kernel(a: int, b: int, c: int, d: int) -> None:
     interp.run(corpus.program("scalar_ops"), m.mem, args, (1, 1, 1), (64, 1, 1))
     np.testing.assert_array_equal(m.get(out, np.uint32)[:19], np.array(_salu_ref(a, b, c, d), np.uint64))
     assert m.get(out, np.uint32)[19] == 0xABABABAB
+
+
+@pytest.mark.parametrize("n", [1, 45, 100])
+def test_minmax3_kernel(n: int) -> None:
+    """The corpus kernel minmax3: LLVM's v_max3_f32 / v_min3_f32 (IEEE maxNum: a quiet NaN loses to a
+    number), v_med3_i32 (a clamp to [-1e6, 1e6] of a's bits) and v_pk_mul_lo_u16 (two wrapping 16-bit
+    products); lanes past n write nothing."""
+    rng = np.random.default_rng(70 + n)
+    a, b, c = ((rng.standard_normal(n) * 1e3).astype(np.float32) for _ in range(3))
+    special = np.array([np.nan, -np.inf, np.inf, 1e-40, -0.0, 3.0], np.float32)  # no (+0, -0) pairs
+    a[: min(n, 6)], b[: min(n, 6)] = special[: min(n, 6)], special[::-1][: min(n, 6)]
+    # bit patterns near the clamp bounds (as floats: subnormals and NaNs' neighbours, compared by bits)
+    edges = np.array([5000, -5000, 999_999, 1_000_001, -1_000_000, -1_000_001], np.int32)
+    a.view(np.int32)[1::7] = np.resize(edges, a[1::7].size)
+    m = Buffers()
+    out = m.out(4 * n + 8, np.uint32)
+    interp.run(corpus.program("minmax3"), m.mem, struct.pack("<4Qi", out, m.put(a), m.put(b), m.put(c), n),
+               _groups(n), (64, 1, 1))
+    got = m.get(out, np.uint32)
+    with np.errstate(invalid="ignore"):
+        mx = _maxnum(_maxnum(a, b), c).astype(np.float32)
+        mn = _minnum(_minnum(a, b), c).astype(np.float32)
+    ia = a.view(np.int32).astype(np.int64)
+    med = np.clip(ia, -1_000_000, 1_000_000).astype(np.int32).view(np.uint32)
+    hb = b.view(np.uint16).astype(np.uint32).reshape(n, 2)
+    hc = c.view(np.uint16).astype(np.uint32).reshape(n, 2)
+    prod = (hb * hc) & 0xFFFF
+    pk = (prod[:, 0] | (prod[:, 1] << 16)).astype(np.uint32)
+    want = np.stack([mx.view(np.uint32), mn.view(np.uint32), med, pk], axis=1).reshape(-1)
+    got_f = got[: 4 * n].reshape(n, 4)[:, :2].view(np.float32)
+    nan = np.isnan(np.stack([mx, mn], axis=1))
+    assert (np.isnan(got_f) == nan).all()  # NaN only where every input was NaN
+    got_cmp = got[: 4 * n].reshape(n, 4).copy()
+    got_cmp[:, :2][nan] = want.reshape(n, 4)[:, :2][nan]  # NaN payloads are not compared
+    np.testing.assert_array_equal(got_cmp.reshape(-1), want)
+    assert (got[4 * n:] == 0xABABABAB).all()
+
+
+def test_med3_u32_and_min3_f32() -> None:
+    def median(*xs: np.ndarray) -> np.ndarray:
+        return np.median(np.stack(xs).astype(np.float64), axis=0)  # exact: the middle of three integers
+    np.testing.assert_array_equal(_fn("v_med3_u32")(U32, V32, W32), median(U32, V32, W32).astype(np.uint32))
+    np.testing.assert_array_equal(_fn("v_med3_i32")(I32, J32, K32), median(I32, J32, K32).astype(np.int32))
+    h = F32 * 2
+    np.testing.assert_array_equal(_fn("v_min3_f32")(F32, G32, h), np.minimum(np.minimum(F32, G32), h))

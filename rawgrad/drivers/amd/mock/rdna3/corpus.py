@@ -571,6 +571,41 @@ BITS_PACKED = _kernel("bits_packed", f"{_G} %out, {_G} %outh, {_G} %a, {_G} %b, 
 done:
   ret void""", (64, 1))
 
+# three-input min/max/median and packed 16-bit integer math (v_max3_f32, v_min3_f32, v_med3_i32 from a clamp,
+# v_pk_mul_lo_u16): out[4 i + k] as 32-bit words; b holds both a float and, read as <2 x i16>, two halves
+MINMAX3 = _kernel("minmax3", f"{_G} %out, {_G} %a, {_G} %b, {_G} %c, i32 %n", _GLOBAL_INDEX + """
+  %pa = getelementptr float, ptr addrspace(1) %a, i32 %i
+  %pb = getelementptr float, ptr addrspace(1) %b, i32 %i
+  %pc = getelementptr float, ptr addrspace(1) %c, i32 %i
+  %va = load float, ptr addrspace(1) %pa
+  %vb = load float, ptr addrspace(1) %pb
+  %vc = load float, ptr addrspace(1) %pc
+  %m1 = call float @llvm.maxnum.f32(float %va, float %vb)
+  %mx = call float @llvm.maxnum.f32(float %m1, float %vc)
+  %n1 = call float @llvm.minnum.f32(float %va, float %vb)
+  %mn = call float @llvm.minnum.f32(float %n1, float %vc)
+  %ia = bitcast float %va to i32
+  %lo = call i32 @llvm.smax.i32(i32 %ia, i32 -1000000)
+  %md = call i32 @llvm.smin.i32(i32 %lo, i32 1000000)
+  %hb = bitcast float %vb to <2 x i16>
+  %hc = bitcast float %vc to <2 x i16>
+  %pm = mul <2 x i16> %hb, %hc
+  %pmi = bitcast <2 x i16> %pm to i32
+  %mxi = bitcast float %mx to i32
+  %mni = bitcast float %mn to i32
+  %o = mul i32 %i, 4
+  %q0 = getelementptr i32, ptr addrspace(1) %out, i32 %o
+  %q1 = getelementptr i32, ptr addrspace(1) %q0, i32 1
+  %q2 = getelementptr i32, ptr addrspace(1) %q0, i32 2
+  %q3 = getelementptr i32, ptr addrspace(1) %q0, i32 3
+  store i32 %mxi, ptr addrspace(1) %q0
+  store i32 %mni, ptr addrspace(1) %q1
+  store i32 %md, ptr addrspace(1) %q2
+  store i32 %pmi, ptr addrspace(1) %q3
+  br label %done
+done:
+  ret void""", (64, 1))
+
 # scalar (SALU) forms of uniform kernel arguments: s_mul_hi_u32/i32, s_lshl1/2_add_u32, s_bitset0/1_b32,
 # s_mulk_i32, s_cmpk_*, s_clz_i32_u32, s_ctz_i32_b32, s_cls_i32, s_cmp_eq_u64; work-item 0 stores out[0..18]
 SCALAR_OPS = _kernel("scalar_ops", f"{_G} %out, i32 %a, i32 %b, i64 %c, i64 %d", """\
@@ -627,7 +662,7 @@ done:
   ret void""", (64, 1))
 
 KERNELS: tuple[CorpusKernel, ...] = (EW_F32, EW_I32, CAST, REDUCE, MATMUL, DIVERGENT, WGID, EW_F64, EW_F16,
-                                     WAVE_SUM, INT64, BITS_PACKED, SCALAR_OPS)
+                                     WAVE_SUM, INT64, BITS_PACKED, SCALAR_OPS, MINMAX3)
 
 _GLOBALS = {
     "reduce_sum": '@lds = internal addrspace(3) global [64 x float] poison, align 4\n',

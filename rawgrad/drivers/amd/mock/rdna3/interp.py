@@ -904,6 +904,13 @@ _VALU: dict[str, _VOp] = {
     "v_max3_i32": _VOp("i32", ("i32",) * 3, lambda a, b, c: np.maximum(np.maximum(a, b), c)),
     "v_min3_i32": _VOp("i32", ("i32",) * 3, lambda a, b, c: np.minimum(np.minimum(a, b), c)),
     "v_max3_u32": _u(lambda a, b, c: np.maximum(np.maximum(a, b), c), 3),
+    # RDNA3 ISA: V_MAX3_F32 = v_max_f32(v_max_f32(S0, S1), S2), and V_MIN3_F32 alike (IEEE maxNum/minNum)
+    "v_max3_f32": _f(lambda a, b, c: _fmax(_fmax(a, b), c), 3),
+    "v_min3_f32": _f(lambda a, b, c: _fmin(_fmin(a, b), c), 3),
+    # the median of three: max(min(a, b), min(max(a, b), c))
+    "v_med3_i32": _VOp("i32", ("i32",) * 3, lambda a, b, c: np.maximum(np.minimum(a, b),
+                                                                      np.minimum(np.maximum(a, b), c))),
+    "v_med3_u32": _u(lambda a, b, c: np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c)), 3),
     "v_min3_u32": _u(lambda a, b, c: np.minimum(np.minimum(a, b), c), 3),
     "v_mul_hi_i32": _VOp("i32", ("i32", "i32"), lambda a, b: ((a.astype(np.int64) * b.astype(np.int64))
                                                              >> np.int64(32)).astype(np.int32)),
@@ -1049,10 +1056,13 @@ def _write_s64(st: _State, reg: int, w: np.ndarray, vals: np.ndarray) -> None:
 
 
 # ---------------------------------------------------------------------- VALU execution
-# packed (VOP3P) f16 operations: each half of the result from the halves op_sel / op_sel_hi pick
-_PACKED_F16: dict[str, tuple[int, Callable[..., Any]]] = {
-    "v_pk_max_f16": (2, _fmax), "v_pk_min_f16": (2, _fmin), "v_pk_add_f16": (2, lambda a, b: a + b),
-    "v_pk_mul_f16": (2, lambda a, b: a * b), "v_pk_fma_f16": (3, lambda a, b, c: _fma32(a, b, c, np.float16)),
+# packed (VOP3P) 16-bit operations: each half of the result from the halves op_sel / op_sel_hi pick;
+# name -> (sources, function, element type)
+_PACKED_F16: dict[str, tuple[int, Callable[..., Any], Any]] = {
+    "v_pk_max_f16": (2, _fmax, np.float16), "v_pk_min_f16": (2, _fmin, np.float16),
+    "v_pk_add_f16": (2, lambda a, b: a + b, np.float16), "v_pk_mul_f16": (2, lambda a, b: a * b, np.float16),
+    "v_pk_fma_f16": (3, lambda a, b, c: _fma32(a, b, c, np.float16), np.float16),
+    "v_pk_mul_lo_u16": (2, lambda a, b: a * b, np.uint16),  # the low 16 bits of each product
 }
 _VALU_SPECIAL = {*_PACKED_F16, "v_readfirstlane_b32", "v_readlane_b32", "v_writelane_b32",
                  "v_cndmask_b32", "v_cndmask_b16", "v_fma_mix_f32", "v_fma_mixlo_f16", "v_fma_mixhi_f16",
@@ -1130,39 +1140,43 @@ def _finish_float(st: _State, ins: Instr, r: np.ndarray, ty: str) -> np.ndarray:
     return _flush(r, st.dn32 if ty == "f32" else st.dn16, inputs=False)
 
 
-def _packed_half(st: _State, ins: Instr, op: Operand, w: np.ndarray, hi: bool) -> np.ndarray:
-    """One f16 half of a packed source (bits 31:16 when hi). An inline constant has no defined upper half
-    here: the interpreter refuses to guess it."""
+def _packed_half(st: _State, ins: Instr, op: Operand, w: np.ndarray, hi: bool, dtype: Any) -> np.ndarray:
+    """One 16-bit half of a packed source (bits 31:16 when hi) as dtype. An inline constant has no defined
+    upper half here: the interpreter refuses to guess it."""
     if op.kind in ("vgpr", "sgpr", "literal"):
         bits = _read_bits(st, op, "b32", w)
         half = (bits >> np.uint32(16)) if hi else bits & np.uint32(0xFFFF)
-        return half.astype(np.uint16).view(np.float16)
+        return half.astype(np.uint16).view(dtype)
     if hi:
         raise MockUnsupported(ins.name, f"the upper half of the inline constant {op}")
-    return _typed(_read_bits(st, op, "f16", w), "f16")
+    return _read_bits(st, op, "f16" if dtype == np.float16 else "u16", w).view(dtype)
 
 
 def _packed_f16(st: _State, ins: Instr, w: np.ndarray, base: str, srcs: list[Operand], vdst: int,
                 lanes: np.ndarray) -> Callable[[], None]:
-    """V_PK_*_F16 (VOP3P): the low result half from the source halves op_sel picks (bit k for source k; 0 the
-    low half), negated by neg; the high half from those op_sel_hi picks, negated by neg_hi (RDNA3 ISA,
-    "VOP3P" packed math). IEEE f16 arithmetic with the f16 denorm mode; clamp to [0, 1]."""
-    nsrc, fn = _PACKED_F16[base]
+    """V_PK_*_F16 and V_PK_MUL_LO_U16 (VOP3P): the low result half from the source halves op_sel picks (bit
+    k for source k; 0 the low half), negated by neg; the high half from those op_sel_hi picks, negated by
+    neg_hi (RDNA3 ISA, "VOP3P" packed math). IEEE f16 arithmetic with the f16 denorm mode, clamp to [0, 1];
+    the integer ops wrap and take no neg or clamp."""
+    nsrc, fn, dtype = _PACKED_F16[base]
     f = ins.fields
+    is_float = dtype == np.float16
+    if not is_float and (f["neg"] or f["neg_hi"] or f["clamp"]):
+        raise MockUnsupported(ins.name, "neg or clamp on a packed integer operation")
     opsel_hi = f["opsel_hi"] | (f["opsel_hi2"] << 2)
     halves = []
     for sel, neg in ((f["opsel"], f["neg"]), (opsel_hi, f["neg_hi"])):
         vals = []
         for k in range(nsrc):
-            x = _packed_half(st, ins, srcs[k], w, bool(sel >> k & 1))
+            x = _packed_half(st, ins, srcs[k], w, bool(sel >> k & 1), dtype)
             if neg >> k & 1:
                 x = -x
-            vals.append(_flush(x, st.dn16, inputs=True))
+            vals.append(_flush(x, st.dn16, inputs=True) if is_float else x)
         with np.errstate(all="ignore"):
-            r = np.asarray(fn(*vals), np.float16)
+            r = np.asarray(fn(*vals), dtype)
         if f["clamp"]:
             r = np.clip(r, 0, 1).astype(np.float16)
-        halves.append(np.broadcast_to(_flush(r, st.dn16, inputs=False), lanes.shape))
+        halves.append(np.broadcast_to(_flush(r, st.dn16, inputs=False) if is_float else r, lanes.shape))
     lo, hi = (np.ascontiguousarray(h).view(np.uint16).astype(np.uint32) for h in halves)
     return lambda: _write_v(st, vdst, w, lo | (hi << np.uint32(16)), "b32", lanes)
 

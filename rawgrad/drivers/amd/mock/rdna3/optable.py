@@ -17,6 +17,7 @@ cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.
   int64 (IR sha256 2d7021600a69f24b, 51 instructions, a VOPD pair counted twice)
   bits_packed (IR sha256 efd7838845817081, 76 instructions, a VOPD pair counted twice)
   scalar_ops (IR sha256 efa98f1c61b2ca30, 61 instructions, a VOPD pair counted twice)
+  minmax3 (IR sha256 8697440046048673, 39 instructions, a VOPD pair counted twice)
   and every distinct kernel the AMDGPU renderer makes for renderer_ops() in the tool
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
 the VOP1, VOP2 and VOPC operations (their _e64 forms).
@@ -218,7 +219,10 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 531): "v_fma_f32",
     ("VOP3", 532): "v_fma_f64",
     ("VOP3", 534): "v_alignbit_b32",
+    ("VOP3", 537): "v_min3_f32",
+    ("VOP3", 540): "v_max3_f32",
     ("VOP3", 541): "v_max3_i32",
+    ("VOP3", 544): "v_med3_i32",
     ("VOP3", 551): "v_div_fixup_f32",
     ("VOP3", 552): "v_div_fixup_f64",
     ("VOP3", 567): "v_div_fmas_f32",
@@ -259,6 +263,7 @@ OPTABLE: dict[tuple[str, int], str] = {
     ("VOP3", 830): "v_ashrrev_i64",
     ("VOP3", 866): "v_and_b16",
     ("VOP3", 867): "v_or_b16",
+    ("VOP3P", 1): "v_pk_mul_lo_u16",
     ("VOP3P", 14): "v_pk_fma_f16",
     ("VOP3P", 15): "v_pk_add_f16",
     ("VOP3P", 16): "v_pk_mul_f16",

@@ -17,6 +17,14 @@ cpu gfx1100 features +cumode, O3. Corpus (rawgrad/drivers/amd/mock/rdna3/corpus.
     tests/test_jit.py
     tests/test_jit_graph.py
     tests/test_scalar_args.py
+    tests/test_jit_storage.py
+    tests/test_jit_guards.py
+    tests/test_autograd.py
+    tests/test_torch_habits.py
+    tests/test_fuzz_graphs.py
+    tests/test_schedule.py
+    tests/test_schedule_cache.py
+    tests/test_silent_wrong_values.py
 Formats VOPDX/VOPDY are the two halves of a VOPD (dual-issue) instruction; VOP3 also encodes
 the VOP1, VOP2 and VOPC operations (their _e64 forms).
 """
@@ -59,7 +67,9 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("SOP2", 41): "s_bfe_i64",
     ("SOP2", 44): "s_mul_i32",
     ("SOP2", 45): "s_mul_hi_u32",
+    ("SOP2", 46): "s_mul_hi_i32",
     ("SOP2", 48): "s_cselect_b32",
+    ("SOPC", 2): "s_cmp_gt_i32",
     ("SOPC", 4): "s_cmp_lt_i32",
     ("SOPC", 6): "s_cmp_eq_u32",
     ("SOPC", 7): "s_cmp_lg_u32",
@@ -71,6 +81,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("SOPK", 3): "s_cmpk_eq_i32",
     ("SOPK", 16): "s_mulk_i32",
     ("SOPP", 0): "s_nop",
+    ("SOPP", 4): "s_set_inst_prefetch_distance",
     ("SOPP", 5): "s_clause",
     ("SOPP", 7): "s_delay_alu",
     ("SOPP", 8): "s_waitcnt_depctr",
@@ -91,6 +102,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("SMEM", 4): "s_load_b512",
     ("VOP1", 1): "v_mov_b32_e32",
     ("VOP1", 2): "v_readfirstlane_b32",
+    ("VOP1", 3): "v_cvt_i32_f64_e32",
     ("VOP1", 4): "v_cvt_f64_i32_e32",
     ("VOP1", 5): "v_cvt_f32_i32_e32",
     ("VOP1", 6): "v_cvt_f32_u32_e32",
@@ -118,6 +130,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP1", 49): "v_rsq_f64_e32",
     ("VOP1", 51): "v_sqrt_f32_e32",
     ("VOP1", 55): "v_not_b32_e32",
+    ("VOP1", 56): "v_bfrev_b32_e32",
     ("VOP1", 57): "v_clz_i32_u32_e32",
     ("VOP1", 59): "v_cls_i32_e32",
     ("VOP1", 84): "v_rcp_f16_e32",
@@ -168,6 +181,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOPC", 27): "v_cmp_ngt_f32_e32",
     ("VOPC", 28): "v_cmp_nle_f32_e32",
     ("VOPC", 29): "v_cmp_neq_f32_e32",
+    ("VOPC", 30): "v_cmp_nlt_f32_e32",
     ("VOPC", 33): "v_cmp_lt_f64_e32",
     ("VOPC", 34): "v_cmp_eq_f64_e32",
     ("VOPC", 35): "v_cmp_le_f64_e32",
@@ -217,6 +231,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP3", 22): "v_cmp_ge_f32_e64",
     ("VOP3", 23): "v_cmp_o_f32_e64",
     ("VOP3", 24): "v_cmp_u_f32_e64",
+    ("VOP3", 27): "v_cmp_ngt_f32_e64",
     ("VOP3", 28): "v_cmp_nle_f32_e64",
     ("VOP3", 29): "v_cmp_neq_f32_e64",
     ("VOP3", 33): "v_cmp_lt_f64_e64",
@@ -224,8 +239,10 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP3", 35): "v_cmp_le_f64_e64",
     ("VOP3", 36): "v_cmp_gt_f64_e64",
     ("VOP3", 37): "v_cmp_lg_f64_e64",
+    ("VOP3", 38): "v_cmp_ge_f64_e64",
     ("VOP3", 39): "v_cmp_o_f64_e64",
     ("VOP3", 40): "v_cmp_u_f64_e64",
+    ("VOP3", 42): "v_cmp_nlg_f64_e64",
     ("VOP3", 43): "v_cmp_ngt_f64_e64",
     ("VOP3", 45): "v_cmp_neq_f64_e64",
     ("VOP3", 46): "v_cmp_nlt_f64_e64",
@@ -262,6 +279,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP3", 259): "v_add_f32_e64",
     ("VOP3", 260): "v_sub_f32_e64",
     ("VOP3", 264): "v_mul_f32_e64",
+    ("VOP3", 271): "v_min_f32_e64",
     ("VOP3", 272): "v_max_f32_e64",
     ("VOP3", 288): "v_add_co_ci_u32_e64",
     ("VOP3", 289): "v_sub_co_ci_u32_e64",
@@ -277,7 +295,9 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP3", 534): "v_alignbit_b32",
     ("VOP3", 538): "v_min3_i32",
     ("VOP3", 539): "v_min3_u32",
+    ("VOP3", 540): "v_max3_f32",
     ("VOP3", 541): "v_max3_i32",
+    ("VOP3", 544): "v_med3_i32",
     ("VOP3", 551): "v_div_fixup_f32",
     ("VOP3", 552): "v_div_fixup_f64",
     ("VOP3", 567): "v_div_fmas_f32",
@@ -334,6 +354,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOP3", 866): "v_and_b16",
     ("VOP3", 867): "v_or_b16",
     ("VOP3", 868): "v_xor_b16",
+    ("VOP3P", 1): "v_pk_mul_lo_u16",
     ("VOP3P", 18): "v_pk_max_f16",
     ("VOP3P", 33): "v_fma_mixlo_f16",
     ("VOP3P", 34): "v_fma_mixhi_f16",
@@ -345,6 +366,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOPDX", 8): "v_dual_mov_b32",
     ("VOPDX", 9): "v_dual_cndmask_b32",
     ("VOPDX", 10): "v_dual_max_f32",
+    ("VOPDX", 11): "v_dual_min_f32",
     ("VOPDY", 0): "v_dual_fmac_f32",
     ("VOPDY", 3): "v_dual_mul_f32",
     ("VOPDY", 4): "v_dual_add_f32",
@@ -353,6 +375,7 @@ OPTABLE_OPS: dict[tuple[str, int], str] = {
     ("VOPDY", 8): "v_dual_mov_b32",
     ("VOPDY", 9): "v_dual_cndmask_b32",
     ("VOPDY", 10): "v_dual_max_f32",
+    ("VOPDY", 11): "v_dual_min_f32",
     ("VOPDY", 16): "v_dual_add_nc_u32",
     ("VOPDY", 17): "v_dual_lshlrev_b32",
     ("VOPDY", 18): "v_dual_and_b32",
