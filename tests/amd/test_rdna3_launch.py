@@ -267,3 +267,35 @@ def test_lds_loads_complete_at_their_waitcnt() -> None:
         (16, 16, 1))
     np.testing.assert_allclose(out.view(np.float32).reshape(16, 16), a.astype(np.float64) @ b, rtol=1e-5,
                                atol=1e-5)
+
+
+def _sopp(op: int, simm16: int = 0) -> int:
+    return (0b101111111 << 23) | (op << 16) | simm16  # SOPP prefix, opcode 22:16, SIMM16 15:0 (RDNA3 ISA)
+
+
+SOPP_NOP, SOPP_ENDPGM, SOPP_SENDMSG = 0, 48, 54  # gfx11 SOPP opcodes (the generated tables name them)
+
+
+def _words(*words: int) -> Program:
+    """A hand-assembled body under the wgid kernel's descriptor (wave32, a kernarg pointer)."""
+    kd = corpus.program("wgid").kd
+    return Program(struct.pack(f"<{len(words)}I", *words), 0, kd, "hand")
+
+
+def test_sendmsg_dealloc_vgprs_before_endpgm_is_accepted() -> None:
+    stats = run(_words(_sopp(SOPP_SENDMSG, 3), _sopp(SOPP_ENDPGM)), MemoryMap(), bytes(16), (2, 1, 1),
+                (64, 1, 1), count=True)
+    assert stats.executed == {"s_sendmsg": 1, "s_endpgm": 1} and stats.waves == 4
+
+
+def test_sendmsg_dealloc_vgprs_must_end_the_program() -> None:
+    prog = _words(_sopp(SOPP_SENDMSG, 3), _sopp(SOPP_NOP), _sopp(SOPP_ENDPGM))
+    with pytest.raises(RDNA3Fault, match=r"MSG_DEALLOC_VGPRS\) is followed by s_nop, not s_endpgm"):
+        run(prog, MemoryMap(), bytes(16), (1, 1, 1), (32, 1, 1))
+
+
+@pytest.mark.parametrize("msg", [0x2, 0x13, 0xB3])
+def test_other_messages_are_refused(msg: int) -> None:
+    with pytest.raises(MockUnsupported, match=f"s_sendmsg: not implemented .*message {msg:#x}"):
+        run(_words(_sopp(SOPP_SENDMSG, msg), _sopp(SOPP_ENDPGM)), MemoryMap(), bytes(16), (1, 1, 1),
+            (32, 1, 1))
