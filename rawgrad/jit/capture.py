@@ -16,7 +16,14 @@ from rawgrad.dtype import DType
 from rawgrad.hcq.device import Device, HCQDevice
 from rawgrad.hcq.graph import HCQGraph, QueueTemplate, address_var
 from rawgrad.hcq.program import Program
-from rawgrad.tensor.buffers import DeviceMemory, buffer_write, device_memory, new_buffer
+from rawgrad.tensor.buffers import (
+    MEMORY_KEY,
+    DeviceMemory,
+    allocated_buffer,
+    buffer_write,
+    device_memory,
+    device_node,
+)
 from rawgrad.tensor.tensor import Tensor
 
 if TYPE_CHECKING:  # a type only: jit.py builds the calls and imports this module
@@ -118,6 +125,13 @@ class CapturedGraph:
             template = dg.profiled if dg.profiled is not None else dg.template
             graphs.append(HCQGraph(dev, template, dg.programs, relocs))
         self._graphs, self._arenas = graphs, arenas
+        # What every replay needs, made once: the DEVICE node, size and bytes of each fresh output, the
+        # patch-point keys, and a shortcut for the usual return value (one fresh output, no reshape).
+        self._out_specs = [(Device[dev], device_node(dev), size, dt, size * dt.itemsize)
+                           for dev, size, dt in self.outputs]
+        self._out_vars = [_output_var(k) for k in range(len(self.outputs))]
+        kind, body = self.returned
+        self._single_out = body[1] if kind == "tensor" and body[0] == "out" and body[2] is None else None
 
     def written_buffers(self, call: _Call) -> list[UOp]:
         return [call.buffers[k] if role == "in" else self.externals[k] for role, k in self.written]
@@ -131,20 +145,24 @@ class CapturedGraph:
                 buffer_write(self.externals[j], Tensor._rng_key(base + offset))
             Tensor._rng_counter = base + self.rng_draws
         vals = dict(self.baked)
-        vals.update(call.var_vals)
+        if call.var_vals:
+            vals.update(call.var_vals)
         for slot, b in enumerate(call.buffers):
-            vals[_input_var(slot)] = device_memory(b).address
+            vals[_input_var(slot)] = device_memory(b).address  # (also refuses a buffer of a closed device)
         outs = self._output_buffers()
-        for k, b in enumerate(outs):
-            vals[_output_var(k)] = device_memory(b).address
+        for var, b in zip(self._out_vars, outs, strict=True):
+            vals[var] = b._cached[MEMORY_KEY].address
         for g in self._graphs:
             g.submit(vals)
+        if self._single_out is not None:
+            return Tensor._of(outs[self._single_out])
         return _decode_return(self.returned, outs, call.buffers, self.externals, vals)
 
     def _output_buffers(self) -> list[UOp]:
+        """Fresh output buffers, their memory allocated (or the kept ones, with reuse_outputs)."""
         if self.reuse_outputs and self._kept_outputs is not None:
             return self._kept_outputs
-        outs = [new_buffer(dev, size, dt) for dev, size, dt in self.outputs]
+        outs = [allocated_buffer(*spec) for spec in self._out_specs]
         if self.reuse_outputs:
             self._kept_outputs = outs
         return outs
@@ -175,7 +193,7 @@ def _decode_return(enc: Any, outs: list[UOp], ins: list[UOp], ext: list[UOp], va
         role, index, reshape, dtype = body
         buf = (outs if role == "out" else ins if role == "in" else ext)[index]
         shape = _rebind(reshape, vals)
-        return Tensor(buf if shape is None else UOp(Ops.RESHAPE, dtype, (buf,), shape))
+        return Tensor._of(buf if shape is None else UOp(Ops.RESHAPE, dtype, (buf,), shape))
     if kind in ("list", "tuple"):
         items = [_decode_return(y, outs, ins, ext, vals) for y in body]
         return items if kind == "list" else tuple(items)

@@ -24,6 +24,7 @@ import functools
 import inspect
 import threading
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -177,6 +178,45 @@ class _Call:
         aliases = tuple(first.setdefault(b, k) for k, b in enumerate(buffers))
         key = (tuple(kinds), tuple(guards), aliases)
         return _Call(leaves, tensor_idx, buffers, guards, aliases, var_vals, key)
+
+
+# A TinyJit keeps the last few argument patterns it served this way; past this many the table is cleared (a
+# loop over ever-new input Tensors then pays the full _Call.of, as before).
+MAX_FAST_CALLS = 16
+
+
+@dataclass
+class _FastCall:
+    """What `_Call.of` found for one tuple of positional Tensor arguments, kept to skip it next time.
+
+    A Tensor's UOp is immutable and interned: the same UOp objects again mean the same shapes (bound
+    Variable values included), dtypes, devices, buffers and buffer sharing, and a realized UOp stays
+    realized. Only weak references are held, so a kept entry never keeps a user's input buffer alive; the
+    guards on globals/closures and the capture lookup still run on every call."""
+
+    refs: tuple[weakref.ref[UOp], ...]
+    bases: tuple[weakref.ref[UOp], ...]
+    call: _Call  # its `leaves` and `buffers` are dropped (they would hold the Tensors); rebuilt per hit
+
+    def match(self, uops: list[UOp]) -> list[UOp] | None:
+        """The input BUFFER nodes when `uops` are the very nodes this entry was made from, else None."""
+        for r, u in zip(self.refs, uops, strict=True):
+            if r() is not u:
+                return None
+        bufs = [r() for r in self.bases]
+        return bufs if None not in bufs else None  # type: ignore[return-value]
+
+
+def _fast_key(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], list[UOp]] | None:
+    """(identity key, UOps) when every argument is a positional Tensor (the common call), else None."""
+    if kwargs or not args:
+        return None
+    uops = []
+    for a in args:
+        if type(a) is not Tensor:
+            return None
+        uops.append(a.uop)
+    return tuple(map(id, uops)), uops
 
 
 # ---------------------------------------------------------------------------------------------- captures
@@ -567,6 +607,7 @@ class TinyJit(Generic[ReturnT]):
         # Calls from several threads take turns: the call count, the captures and a graph's bound queues are
         # shared. Re-entrant: the function may call itself inside its capture (that runs eagerly).
         self._lock = threading.RLock()
+        self._fast: dict[tuple[int, ...], _FastCall] = {}  # see _call_of
         if fn is not None:
             functools.update_wrapper(self, fn)
         self.name = getattr(fn, "__qualname__", "loaded graph") if fn is not None else "loaded graph"
@@ -594,6 +635,7 @@ class TinyJit(Generic[ReturnT]):
         """Forget every capture; the next call runs eagerly again."""
         self.calls, self.captures, self.last = 0, {}, None
         self._variants, self.recaptures = {}, 0
+        self._fast = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnT:
         with self._lock:
@@ -607,7 +649,7 @@ class TinyJit(Generic[ReturnT]):
         if self.fn is not None and self.calls == 0:
             self.calls += 1
             return self._eager(args, kwargs)
-        call = _Call.of(args, kwargs)
+        call = self._call_of(args, kwargs)
         cap = self.captures.get(call.key)
         if cap is None:
             if self.fn is None:
@@ -639,6 +681,26 @@ class TinyJit(Generic[ReturnT]):
         if every and self.calls % every == 0:
             return self._verified_replay(cap, call, args, kwargs)  # type: ignore[no-any-return]
         return cap.replay(call)  # type: ignore[no-any-return]
+
+    def _call_of(self, args: Sequence[Any], kwargs: dict[str, Any]) -> _Call:
+        """`_Call.of`, served from `_fast` when the arguments are the same Tensor UOps as a recent call."""
+        fk = _fast_key(args, kwargs)
+        if fk is not None:
+            ent = self._fast.get(fk[0])
+            bufs = ent.match(fk[1]) if ent is not None else None
+            if bufs is not None:
+                c = ent.call  # type: ignore[union-attr]
+                return _Call([((i,), a) for i, a in enumerate(args)], c.tensor_idx, bufs, c.guards, c.aliases,
+                             c.var_vals, c.key)
+        call = _Call.of(args, kwargs)
+        if fk is not None:
+            uops = [a.uop for a in args]  # after _Call.of: pending inputs were realized, their UOps replaced
+            if len(self._fast) >= MAX_FAST_CALLS:
+                self._fast.clear()
+            self._fast[tuple(map(id, uops))] = _FastCall(
+                tuple(weakref.ref(u) for u in uops), tuple(weakref.ref(b) for b in call.buffers),
+                _Call([], call.tensor_idx, [], call.guards, call.aliases, call.var_vals, call.key))
+        return call
 
     def _guard_changed(self, key: tuple[Any, ...], cap: CapturedGraph,
                        state: tuple[Any, ...]) -> CapturedGraph | None:

@@ -52,6 +52,19 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     return UOp(Ops.BUFFER, dtype, (_device_node(Device.canonicalize(device)),), (next(_uids), size))
 
 
+def allocated_buffer(device: HCQDevice, node: UOp, size: int, dtype: DType, nbytes: int) -> UOp:
+    """`new_buffer` with its memory allocated, for a caller that made the DEVICE node and checked the size
+    once (TinyJit's fresh output buffers on every replay: no canonicalizing, no lookups)."""
+    buf = UOp(Ops.BUFFER, dtype, (node,), (next(_uids), size))
+    buf._cached[MEMORY_KEY] = DeviceMemory(device, nbytes)
+    return buf
+
+
+def device_node(name: str) -> UOp:
+    """The DEVICE node for a device name (canonicalized)."""
+    return _device_node(Device.canonicalize(name))
+
+
 @functools.cache
 def _device_node(name: str) -> UOp:
     return UOp(Ops.DEVICE, arg=name)

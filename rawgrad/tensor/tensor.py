@@ -231,6 +231,15 @@ class Tensor(CreationOps, MovementOps, ElementwiseOps, ReduceOps, IndexingOps, L
         if data_leaf and requires_grad is None:
             _autograd.register_implicit_leaf(self)
 
+    @classmethod
+    def _of(cls, uop: UOp) -> Tensor:
+        """`Tensor(uop)` for a node already on a device (not a bare symbolic size), without __init__'s checks:
+        what TinyJit returns per replay. Sets the same attributes __init__ sets for a UOp (requires_grad None
+        through its slot: the setter's registry pop finds nothing for a new object)."""
+        t = object.__new__(cls)
+        t.uop, t.grad, t._requires_grad = uop, None, None
+        return t
+
     # ------------------------------------------------------------------ properties
     @property
     def lazydata(self) -> UOp:
