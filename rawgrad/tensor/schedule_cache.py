@@ -85,37 +85,52 @@ def float_bits(dtype: DType, value: float) -> int:
     return _float_bits(dtype, value)
 
 
+# Where a node keeps its own part of the key, (op, dtype, arg key) (BUFFER: size instead of arg): nodes are
+# immutable, and the nodes a repeated eager op reuses (constants, their views, devices) then cost one lookup.
+_ENTRY_KEY = "schedule_key_entry"
+
+
+def _node_entry(node: UOp) -> tuple[Any, ...]:
+    e: tuple[Any, ...] | None = node._cached.get(_ENTRY_KEY)
+    if e is None:
+        op = node.op
+        if op is Ops.BUFFER:
+            e = (op, node.dtype, node.arg[1])
+        elif op is Ops.CONST and _passes_as_argument(node.dtype, node.arg):  # type: ignore[arg-type]
+            e = (op, node.dtype, _ARG_MARKER)
+        else:
+            e = (op, node.dtype, _arg_key(node.arg))
+        node._cached[_ENTRY_KEY] = e
+    return e
+
+
 def _graph_key(outs: list[UOp]) -> tuple[_Key, list[UOp], dict[UOp, int]] | None:
-    """(key, nodes in key order, position of each node); None past MAX_KEY_NODES."""
+    """(key, nodes in key order, position of each node); None past MAX_KEY_NODES. Each entry is the node's
+    own part (_node_entry) and the positions of its sources."""
     nodes: list[UOp] = []
     index: dict[UOp, int] = {}
     entries: list[Any] = []
     # iterative post-order (deep graphs must not hit the recursion limit), sources in order
     stack: list[tuple[UOp, bool]] = [(o, False) for o in reversed(outs)]
+    pop, push, get = stack.pop, stack.append, index.__getitem__
     while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            if node in index:
-                continue
-            index[node] = len(nodes)
-            nodes.append(node)
-            if len(nodes) > MAX_KEY_NODES:
-                return None
-            op = node.op
-            if op is Ops.BUFFER:
-                entries.append((op, node.dtype, node.arg[1], index[node.src[0]]))
-            elif op is Ops.CONST and _passes_as_argument(node.dtype, node.arg):  # type: ignore[arg-type]
-                entries.append((op, node.dtype, _ARG_MARKER, tuple(index[s] for s in node.src)))
-            else:
-                entries.append((op, node.dtype, _arg_key(node.arg), tuple(index[s] for s in node.src)))
-            continue
+        node, expanded = pop()
         if node in index:
             continue
-        stack.append((node, True))
+        if expanded:
+            index[node] = len(nodes)
+            nodes.append(node)
+            entries.append((_node_entry(node), tuple(map(get, node.src))))
+            continue
+        push((node, True))
         for s in reversed(node.src):
             if s not in index:
-                stack.append((s, False))
-    entries.append(tuple(index[o] for o in outs))
+                push((s, False))
+        if len(stack) > MAX_KEY_NODES:  # (a wide graph pushes many before any is numbered)
+            return None
+    if len(nodes) > MAX_KEY_NODES:
+        return None
+    entries.append(tuple(map(get, outs)))
     return _Key(tuple(entries)), nodes, index
 
 

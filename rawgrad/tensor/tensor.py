@@ -324,7 +324,8 @@ class Tensor(CreationOps, MovementOps, ElementwiseOps, ReduceOps, IndexingOps, L
 
     # ------------------------------------------------------------------ internals
     def _new(self, u: UOp) -> Tensor:
-        return Tensor(u)
+        # u is derived from this Tensor's node, so it is on a device: Tensor(u) would only check that
+        return Tensor._of(u)
 
     def _axis(self, a: int, extra: int = 0) -> int:
         """Normalise one axis; `extra` widens the range (unsqueeze can address one past the end)."""
@@ -365,11 +366,11 @@ class Tensor(CreationOps, MovementOps, ElementwiseOps, ReduceOps, IndexingOps, L
             if len(_full_graphs) >= FULL_GRAPHS_KEPT:
                 _full_graphs.clear()
             _full_graphs[key] = u
-        return Tensor(u)
+        return Tensor._of(u)
 
     def _alu(self, op: Ops, *others: Tensor, dtype: DType | None = None) -> Tensor:
         out = dtype if dtype is not None else self.dtype
-        return Tensor(UOp(op, out, (self.uop,) + tuple(o.uop for o in others)))
+        return Tensor._of(UOp(op, out, (self.uop,) + tuple(o.uop for o in others)))
 
     def _broadcast_to(self, shape: tuple[Any, ...]) -> Tensor:
         if self.shape == tuple(shape):
