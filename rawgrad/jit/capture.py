@@ -112,6 +112,7 @@ class CapturedGraph:
     # the Tensors among them, held so that their ids stay theirs while the capture compares against them
     guard_state: tuple[Any, ...] | None = None
     guard_refs: list[Tensor] = field(default_factory=list)
+    guard_values: list[Any] = field(default_factory=list)  # the guarded objects themselves (same order)
 
     def link(self) -> None:
         """Allocate the arenas and bind one queue per device (once per capture or load)."""

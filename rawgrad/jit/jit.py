@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import threading
 import types
 import weakref
@@ -657,9 +658,14 @@ class TinyJit(Generic[ReturnT]):
             if self.last is not None and self.on_mismatch == "error":
                 self._mismatch(call, recapture_possible=True)
         elif cap.guard_state is not None and self._guards is not None:
-            state = self._guards.state()
-            if state != cap.guard_state:
-                cap = self._guard_changed(call.key, cap, state)
+            values = self._guards.values()
+            kept = cap.guard_values
+            # the very objects seen at capture (the usual call) have its tokens; anything else is compared
+            # by token (an equal value in another object, or a change)
+            if len(values) != len(kept) or not all(map(operator.is_, values, kept)):
+                state = tuple(_guard_token(v) for v in values)
+                if state != cap.guard_state:
+                    cap = self._guard_changed(call.key, cap, state)
         if cap is None:
             self.calls += 1
             assert self.fn is not None
@@ -669,6 +675,7 @@ class TinyJit(Generic[ReturnT]):
             ret, cap = _capture(self.fn, self.name, call, args, kwargs, self.reuse_outputs)
             cap.guard_state = tuple(_guard_token(v) for v in values)
             cap.guard_refs = [v for v in values if isinstance(v, Tensor)]
+            cap.guard_values = values
             self.captures[call.key] = self._variants[(call.key, cap.guard_state)] = cap
             self.last = cap
             return ret  # type: ignore[no-any-return]
@@ -762,6 +769,8 @@ class TinyJit(Generic[ReturnT]):
         return _describe(self.fn, path) if self.fn is not None else _describe(lambda: None, path)
 
     def _check_consts(self, cap: CapturedGraph, call: _Call) -> None:
+        if not cap.consts:
+            return
         values = [(p, x) for p, x in call.leaves if not isinstance(x, Tensor) and
                   not (isinstance(x, UOp) and x.op is Ops.BIND)]
         for (path, old), (_, new) in zip(cap.consts, values, strict=True):
