@@ -327,6 +327,9 @@ class _State:
         self.v_pending_pc = np.zeros((nvgprs, nwaves), np.int64)
         self.s_pending = np.zeros((nwaves, SGPR_FILE), np.int32)
         self.s_pending_pc = np.zeros((nwaves, SGPR_FILE), np.int64)
+        # per register: the sum of its pending counts over the waves, so most checks need no array work
+        self.v_pend_total = [0] * nvgprs
+        self.s_pend_total = [0] * SGPR_FILE
         self.dn32, self.dn16 = denorm_modes(prog.kd)
         # the wave set of a step where every wave of the batch is at the same pc (the common case): code that
         # indexes registers by it uses a slice, a view, instead of gathering and scattering rows (see _ix)
@@ -364,6 +367,8 @@ def _pack_mask(bits: np.ndarray) -> np.ndarray:
 # order, are in flight). Reading or writing a register that a load in flight will write is reported as a
 # missing s_waitcnt instead of computing with the stale value.
 def _check_pending(st: _State, kind: str, reg: int, w: np.ndarray, what: str, n: int = 1) -> None:
+    if not any((st.v_pend_total if kind == "v" else st.s_pend_total)[reg:reg + n]):
+        return  # no load in flight writes these registers in any wave (the common case, checked cheaply)
     ix = _ix(st, w)
     pend = st.v_pending[reg:reg + n][:, ix] if kind == "v" else st.s_pending[ix, reg:reg + n].T
     if pend.any():
@@ -382,9 +387,11 @@ def _defer(st: _State, ins: Instr, counter: str, w: np.ndarray, writes: list[_Wr
         if kind == "s":
             st.s_pending[w, reg] += 1
             st.s_pending_pc[w, reg] = ins.pc
+            st.s_pend_total[reg] += len(w)
         else:
             st.v_pending[reg, w] += 1
             st.v_pending_pc[reg, w] = ins.pc
+            st.v_pend_total[reg] += len(w)
 
 
 def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
@@ -408,10 +415,12 @@ def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
     for load, finish in reversed(done):  # oldest first: two loads may write one register
         whole = load.waves is st.all_waves and bool(finish.all())
         sub = slice(None) if whole else load.waves[finish]
+        nsub = len(load.waves) if whole else len(sub)
         for kind, reg, lanes, vals in load.writes:
             if kind == "s":
                 st.s[sub, reg] = vals if whole else vals[finish]
                 st.s_pending[sub, reg] -= 1
+                st.s_pend_total[reg] -= nsub
                 continue
             cur = st.v[reg][sub]
             new = vals if whole else vals[finish]
@@ -421,6 +430,7 @@ def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
                 new = (cur & np.uint32(0xFFFF)) | (new << np.uint32(16))
             st.v[reg][sub] = np.where(lanes if whole else lanes[finish], new, cur)
             st.v_pending[reg, sub] -= 1
+            st.v_pend_total[reg] -= nsub
         load.pending &= ~finish
         count[sub] -= 1
     st.in_flight[counter] = [load for load in loads if load.pending.any()]
@@ -1884,19 +1894,27 @@ def run(program: Program, memory: MemoryMap, kernarg: bytes, grid: tuple[int, in
     return stats
 
 
+# SOPP instructions after which every wave that ran them is at the next instruction and still running
+_STRAIGHT_SOPP = frozenset(_NOPS | {"s_waitcnt"})
+
+
 def _run_batch(st: _State, budget: int, stats: RunStats) -> None:
     prog = st.prog
     limit = stats.steps + budget
+    together = -1  # the pc every wave of the batch is at, all running, when known without looking (else -1)
     while True:
-        running = st.status == RUNNING
-        if not running.any():
-            parked = st.status == PARKED
-            if not parked.any():
-                return
-            raise RDNA3Fault(f"{prog.name}: waves wait at s_barrier forever")  # unreachable: release below
-        pc = int(st.pc[running].min())
-        here = running & (st.pc == pc)
-        w = st.all_waves if here.all() else np.nonzero(here)[0]
+        if together >= 0:
+            pc, w = together, st.all_waves
+        else:
+            running = st.status == RUNNING
+            if not running.any():
+                parked = st.status == PARKED
+                if not parked.any():
+                    return
+                raise RDNA3Fault(f"{prog.name}: waves wait at s_barrier forever")  # unreachable: see below
+            pc = int(st.pc[running].min())
+            here = running & (st.pc == pc)
+            w = st.all_waves if here.all() else np.nonzero(here)[0]
         ins = prog.at(pc)
         try:
             _step(st, ins, w)
@@ -1915,6 +1933,10 @@ def _run_batch(st: _State, budget: int, stats: RunStats) -> None:
             stats.executed[ins.name] = stats.executed.get(ins.name, 0) + 1
         if stats.steps >= limit:
             raise RDNA3Fault(f"{prog.name}: still running after {stats.steps} steps (runaway loop?)")
+        if w is st.all_waves and (ins.fmt != "SOPP" or ins.mnemonic in _STRAIGHT_SOPP):
+            together = pc + ins.size  # all ran it and none can branch, park or end: all are at the next pc
+            continue
+        together = -1
         if ins.mnemonic == "s_barrier" or (st.status == PARKED).any():
             _release_barriers(st)
 
