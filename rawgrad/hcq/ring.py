@@ -163,16 +163,20 @@ class Ring:
     before any wait for space (a driver whose commits are not yet visible to the
     device rings its doorbell there, or the space would never free up); `check()` runs while waiting and
     may raise (a fault check); `detail()` adds the driver's view of its rings to a timeout's message. The
-    caller serializes use (a device's submit lock).
+    caller serializes use (a device's submit lock). `block(position, queue, timeout_s)`, for a ring retired
+    by a counter (CounterRetire), is the driver's blocking wait until that counter reaches `position` (the
+    CPU device's spin-then-futex wait): waits for space and for retirement use it instead of the shared
+    loop's spin and sleep naps; it raises DeviceTimeout (or DeviceFault) itself, after `timeout_s`.
     """
 
-    __slots__ = ("_known", "_position", "_room", "capacity", "check", "detail", "device", "flush", "limit",
-                 "name", "pad", "retire", "timeout_s", "unit", "write")
+    __slots__ = ("_known", "_position", "_room", "block", "capacity", "check", "detail", "device", "flush",
+                 "limit", "name", "pad", "retire", "timeout_s", "unit", "write")
 
     def __init__(self, name: str, capacity: int, unit: RingUnit, retire: RetireSource, *, device: str = "",
                  write: int = 0, limit: int | None = None, pad: Callable[[int, int], None] | None = None,
                  flush: Callable[[], None] | None = None, check: Callable[[], None] | None = None,
-                 detail: Callable[[], str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 detail: Callable[[], str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 block: Callable[[int, str, float], None] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"{name}: ring capacity must be >= 1 {unit.name}, got {capacity}")
         limit = capacity if limit is None else limit
@@ -181,7 +185,11 @@ class Ring:
         if isinstance(retire, WrappedIndexRetire) and limit >= retire.modulus:
             raise ValueError(f"{name}: a wrapped read index modulo {retire.modulus} tracks at most "
                              f"{retire.modulus - 1} {unit.name}s in flight, not {limit} (pass limit=)")
+        if block is not None and not isinstance(retire, CounterRetire):
+            raise ValueError(f"{name}: a blocking wait needs a counter the device advances (CounterRetire), "
+                             f"not {type(retire).__name__}")
         self.limit = limit
+        self.block = block
         self.name, self.capacity, self.unit, self.retire, self.device = name, capacity, unit, retire, device
         self._position = retire.position  # bound once: a replay's reserve calls it on every submit
         self.write = write
@@ -315,6 +323,11 @@ class Ring:
         if self.flush is not None:
             self.flush()  # what is already written must run, or the space never frees up
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        if self.block is not None:
+            # free() >= need  <=>  retired >= write - limit + need: the driver's blocking wait on that count
+            self.block(self.write - self.limit + need, queue, timeout)
+            self.free()
+            return
         free = self.free
         wait_until(lambda: free() >= need, timeout,
                    lambda: DeviceTimeout(self.device, queue, self._what(), need, free(), timeout,
@@ -327,6 +340,9 @@ class Ring:
         if self.flush is not None:
             self.flush()
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        if self.block is not None:
+            self.block(position, queue, timeout)
+            return
         wait_until(lambda: self.retire.position(self.write) >= position, timeout,
                    lambda: DeviceTimeout(self.device, queue, self.retire.name, position,
                                          self.retire.position(self.write), timeout, self._detail()),

@@ -96,6 +96,34 @@ def test_full_ring_times_out_naming_ring_queue_and_room_then_recovers() -> None:
         unpadded.reserve(16)  # from slot 3 the span must start over at 0: that needs NOPs the device reads
 
 
+def test_a_blocking_wait_hook_replaces_the_spin_and_naps() -> None:
+    word, retire_to = _word()
+    asked: list[tuple[int, str, float]] = []
+
+    def block(position: int, queue: str, timeout_s: float) -> None:
+        asked.append((position, queue, timeout_s))
+        retire_to(position)  # what the device would do while the host sleeps
+
+    flushed = threading.Event()
+    ring = Ring("r", 8, RECORDS, CounterRetire(word, "read index"), flush=flushed.set, block=block,
+                timeout_s=TIMEOUT_S)
+    ring.reserve(8)
+    ring.commit(8)
+    assert ring.reserve(3, queue="q1") == 0  # 3 free <=> read index >= 8 - 8 + 3
+    assert asked == [(3, "q1", TIMEOUT_S)] and flushed.is_set()
+    ring.commit(3)
+    ring.wait_retired(11, queue="q2", timeout_s=SHORT_S)
+    assert asked[-1] == (11, "q2", SHORT_S)
+    ring.wait_retired(5)  # already retired: no wait at all
+    assert len(asked) == 2
+
+
+def test_a_blocking_wait_hook_needs_a_counter() -> None:
+    word, _ = _word()
+    with pytest.raises(ValueError, match="CounterRetire"):
+        Ring("gp", 8, RECORDS, WrappedIndexRetire(word, 8, "GPGet"), limit=7, block=lambda p, q, t: None)
+
+
 def test_try_take_never_waits_pads_or_changes_anything_when_it_cannot() -> None:
     word, retire_to = _word()
     pads: list[tuple[int, int]] = []

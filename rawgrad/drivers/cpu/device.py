@@ -86,8 +86,13 @@ class _NativeState:
             self.ring = u64_array(self.ring_addr, ring_records * RECORD_WORDS).reshape(-1, RECORD_WORDS)
             # the processor's front end publishes how many records it has retired (monotonic)
             read_index = CounterRetire(self.ctx, "command ring read index", CTX.READ_INDEX)
+            # waits for ring space sleep on the read index's futex (the front end wakes counted waiters after
+            # each retired record), as host waits for signals do, not in the ring's spin and sleep naps
+            self.read_signal = Signal(None, address=self.ctx_addr + CTX.READ_INDEX * WORD_BYTES, owner=name,
+                                      name="command ring read index", blocking_wait=self.wait_signal)
             self.cmd_ring = Ring("command ring", ring_records, RECORDS, read_index, device=name,
-                                 pad=self._pad, flush=self.ring_doorbell, check=self.check_fault)
+                                 pad=self._pad, flush=self.ring_doorbell, check=self.check_fault,
+                                 block=self._wait_read_index)
             self.ctx[CTX.RING] = self.ring_addr
             self.ctx[CTX.RING_MASK] = ring_records - 1
             self.ctx[CTX.THREADS] = threads
@@ -121,6 +126,10 @@ class _NativeState:
         finally:
             with self._waits_lock:
                 self._waits -= 1
+
+    def _wait_read_index(self, position: int, queue: str, timeout_s: float) -> None:
+        """The command ring's blocking wait: until the front end has retired `position` records."""
+        self.read_signal.wait(position, timeout_s, queue=queue, check=self.check_fault)
 
     def _pad(self, slot: int, n: int) -> None:
         self.ring[slot:slot + n] = 0  # NOP records (opcode 0): a command never wraps the ring's end
