@@ -55,9 +55,12 @@ class _Dense:
     copy made by `prepare`: the matmul then reads the weight row-contiguous along the output axis,
     which the CPU code generator register-tiles (about 2x faster than reading (out, in) rows)."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
-        init = nn.Linear(in_features, out_features)  # torch's default initialisation
-        self.weight, self.bias = init.weight, init.bias
+    def __init__(self, in_features: int, out_features: int, init: bool = True) -> None:
+        if init:
+            layer = nn.Linear(in_features, out_features)  # torch's default initialisation
+            self.weight, self.bias = layer.weight, layer.bias
+        else:  # to be replaced by loaded weights: no memory, no kernels
+            self.weight, self.bias = Tensor.empty(out_features, in_features), Tensor.empty(out_features)
         self._weight_t: Tensor | None = None
 
     def prepare(self) -> None:
@@ -68,11 +71,22 @@ class _Dense:
         return x.linear(w, self.bias)
 
 
+def _embedding(num: int, dim: int, init: bool) -> nn.Embedding:
+    if init:
+        return nn.Embedding(num, dim)
+    # nn.Embedding without its N(0, 1) draw (22M values for MiniLM's tables, about half its load time):
+    # the attributes its __init__ sets, the table left unwritten for loaded weights to replace
+    e = nn.Embedding.__new__(nn.Embedding)
+    e.num_embeddings, e.embedding_dim = num, dim
+    e.weight = Tensor.empty(num, dim)
+    return e
+
+
 class _Embeddings:
-    def __init__(self, c: BertConfig) -> None:
-        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
-        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
+    def __init__(self, c: BertConfig, init: bool = True) -> None:
+        self.word_embeddings = _embedding(c.vocab_size, c.hidden_size, init)
+        self.position_embeddings = _embedding(c.max_position_embeddings, c.hidden_size, init)
+        self.token_type_embeddings = _embedding(c.type_vocab_size, c.hidden_size, init)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
     def __call__(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
@@ -84,10 +98,10 @@ class _Embeddings:
 
 
 class _SelfAttention:
-    def __init__(self, c: BertConfig) -> None:
-        self.query = _Dense(c.hidden_size, c.hidden_size)
-        self.key = _Dense(c.hidden_size, c.hidden_size)
-        self.value = _Dense(c.hidden_size, c.hidden_size)
+    def __init__(self, c: BertConfig, init: bool = True) -> None:
+        self.query = _Dense(c.hidden_size, c.hidden_size, init)
+        self.key = _Dense(c.hidden_size, c.hidden_size, init)
+        self.value = _Dense(c.hidden_size, c.hidden_size, init)
         self.heads, self.head_dim = c.num_attention_heads, c.head_dim
 
     def __call__(self, x: Tensor, score_bias: Tensor) -> Tensor:
@@ -106,8 +120,8 @@ class _SelfAttention:
 class _DenseNorm:
     """dense -> residual add -> LayerNorm (HF's BertSelfOutput and BertOutput)."""
 
-    def __init__(self, c: BertConfig, in_features: int) -> None:
-        self.dense = _Dense(in_features, c.hidden_size)
+    def __init__(self, c: BertConfig, in_features: int, init: bool = True) -> None:
+        self.dense = _Dense(in_features, c.hidden_size, init)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
     def __call__(self, h: Tensor, residual: Tensor) -> Tensor:
@@ -115,21 +129,21 @@ class _DenseNorm:
 
 
 class _Attention:
-    def __init__(self, c: BertConfig) -> None:
-        self.self = _SelfAttention(c)
-        self.output = _DenseNorm(c, c.hidden_size)
+    def __init__(self, c: BertConfig, init: bool = True) -> None:
+        self.self = _SelfAttention(c, init)
+        self.output = _DenseNorm(c, c.hidden_size, init)
 
 
 class _Intermediate:
-    def __init__(self, c: BertConfig) -> None:
-        self.dense = _Dense(c.hidden_size, c.intermediate_size)
+    def __init__(self, c: BertConfig, init: bool = True) -> None:
+        self.dense = _Dense(c.hidden_size, c.intermediate_size, init)
 
 
 class _Layer:
-    def __init__(self, c: BertConfig) -> None:
-        self.attention = _Attention(c)
-        self.intermediate = _Intermediate(c)
-        self.output = _DenseNorm(c, c.intermediate_size)
+    def __init__(self, c: BertConfig, init: bool = True) -> None:
+        self.attention = _Attention(c, init)
+        self.intermediate = _Intermediate(c, init)
+        self.output = _DenseNorm(c, c.intermediate_size, init)
 
     def __call__(self, x: Tensor, score_bias: Tensor) -> Tensor:
         x = self.attention.output(self.attention.self(x, score_bias), x)
@@ -137,25 +151,27 @@ class _Layer:
 
 
 class _Encoder:
-    def __init__(self, c: BertConfig) -> None:
-        self.layer = [_Layer(c) for _ in range(c.num_hidden_layers)]
+    def __init__(self, c: BertConfig, init: bool = True) -> None:
+        self.layer = [_Layer(c, init) for _ in range(c.num_hidden_layers)]
 
 
 class _Pooler:
     """HF's [CLS] pooler: present in the checkpoints, unused by sentence embeddings."""
 
-    def __init__(self, c: BertConfig) -> None:
-        self.dense = _Dense(c.hidden_size, c.hidden_size)
+    def __init__(self, c: BertConfig, init: bool = True) -> None:
+        self.dense = _Dense(c.hidden_size, c.hidden_size, init)
 
 
 class BertModel:
     """input_ids (B, T) int, attention_mask (B, T) 0/1 -> last hidden states (B, T, hidden)."""
 
-    def __init__(self, config: BertConfig | None = None) -> None:
+    def __init__(self, config: BertConfig | None = None, init: bool = True) -> None:
+        """init=False: every Linear and Embedding weight is an unwritten buffer (no random draw, no
+        kernel, no memory until used), for a caller that replaces them all with loaded weights."""
         self.config = config or BertConfig()
-        self.embeddings = _Embeddings(self.config)
-        self.encoder = _Encoder(self.config)
-        self.pooler = _Pooler(self.config)
+        self.embeddings = _Embeddings(self.config, init)
+        self.encoder = _Encoder(self.config, init)
+        self.pooler = _Pooler(self.config, init)
 
     def prepare(self) -> None:
         """Make the inference copies of the weights (call again after changing them)."""

@@ -156,15 +156,15 @@ class MiniLM:
 
 
 def _build_on_cpu(cfg: BertConfig) -> BertModel:
-    """The module tree. Its layers initialise their weights randomly (on the default device) and every one
-    of them is replaced by the file's at once, so the initialisation runs on the CPU whatever the model's
-    device: on a slow device it is most of the load (the AMD mock's interpreter spent ~100 s of 112 on the
-    22M random values, 55 s on the word embeddings alone)."""
+    """The module tree, its Linear and Embedding weights left unwritten (init=False): `_adopt` replaces every
+    one of them with the file's, so a random initialisation would be thrown away (on the CPU it was ~0.3 s
+    of a warm `infer minilm`; on the AMD mock's interpreter ~100 s of 112). The LayerNorm parameters are
+    still uploaded; that happens on the CPU whatever the model's device."""
     from rawgrad.tensor import common
     saved = common._default_device
     common._default_device = "CPU"
     try:
-        return BertModel(cfg)
+        return BertModel(cfg, init=False)
     finally:
         common._default_device = saved
 
