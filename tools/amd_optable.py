@@ -5,8 +5,9 @@ LLVM's own encoder output; or check that the committed table is what this produc
   python3 tools/amd_optable.py --check    # exit 1 unless optable.py is byte-identical to a fresh generation
                                           # and the decoder names every corpus instruction as LLVM prints it
   python3 tools/amd_optable.py --exhaustive [--check]
-      # the same for optable_ops.py, from every kernel the op test files make (about 2 minutes: it runs them
-      # under pytest with this file as a plugin); the decoder uses both tables
+      # the same for optable_ops.py, from every kernel the test files in OP_TESTS make (about 6 minutes on
+      # the shared 2-core machine: it runs them under pytest with this file as a plugin); the decoder uses
+      # both tables
 
 Method (../shared/AMD-METAL-FACTS.md section 2.3): each kernel (the hand-written corpus of
 rawgrad/drivers/amd/mock/rdna3/corpus.py, then every distinct kernel the AMDGPU renderer makes for the op list
@@ -168,7 +169,9 @@ def render_for_mock(ast: Any, name: str) -> tuple[Any, str]:
 
 TABLE_PATH = ROOT / "rawgrad" / "drivers" / "amd" / "mock" / "rdna3" / "optable.py"
 OPS_TABLE_PATH = TABLE_PATH.with_name("optable_ops.py")
-# the op test files whose kernels make the exhaustive table (those of tests/amd/amd_op_kernels.py)
+# the test files whose kernels make the exhaustive table: the op tests of tests/amd/amd_op_kernels.py and
+# the files of the AMD CI slice that launch kernels the op tests do not (jit, autograd, torch habits, fuzzed
+# graphs, schedules): every opcode a slice test runs then has a name
 OP_TESTS = ["tests/test_ops_elementwise.py", "tests/test_ops_reduce.py", "tests/test_ops_nn.py",
             "tests/test_ops_movement.py", "tests/test_gather.py", "tests/test_tensor_random.py",
             "tests/test_nn.py", "tests/test_ops_math_parity.py", "tests/test_ops_nn_parity.py",
