@@ -16,7 +16,7 @@ from typing import Any
 
 from rawgrad import config
 from rawgrad.compiler.counters import CompileCount, register_compile_counter
-from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.lower import LinearProgram
 from rawgrad.compiler.symbolic import sym_infer
 from rawgrad.hcq.device import Device
@@ -235,9 +235,15 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 def realize(*uops: UOp) -> tuple[UOp, ...]:
     """Compute every uop; return, for each, an equivalent node that reads a contiguous BUFFER
     (the BUFFER itself, or a RESHAPE of it to the uop's shape)."""
+    return realize_noting_assigns(*uops)[0]
+
+
+def realize_noting_assigns(*uops: UOp) -> tuple[tuple[UOp, ...], list[UOp]]:
+    """`realize`, and the ASSIGN nodes of the graphs it ran (what Tensor.realize marks as run)."""
     if config.REFERENCE():
         from rawgrad.tensor.interpret import interpret_realize
-        return interpret_realize(*uops)
-    items, results = schedule_cache.schedule(list(uops))
+        assigns = list(dict.fromkeys(n for u in uops for n in u.toposort() if n.op is Ops.ASSIGN))
+        return interpret_realize(*uops), assigns
+    items, results, assigns = schedule_cache.schedule_noting_assigns(list(uops))
     run_schedule(items)
-    return tuple(results)
+    return tuple(results), assigns

@@ -169,6 +169,7 @@ class _Template:
     new_buffers: tuple[tuple[str, int, DType], ...]  # (device, size, dtype) of each fresh buffer
     items: tuple[_ItemTemplate, ...]
     results: tuple[Any, ...]  # per out: an encoded node (see _encode)
+    assigns: tuple[int, ...] = ()  # key positions of the ASSIGN nodes (the caller marks them as run)
 
 
 def _encode(u: UOp, index: dict[UOp, int], bufref: Any) -> Any:
@@ -217,7 +218,8 @@ def _make_template(items: list[ScheduleItem], results: list[UOp], index: dict[UO
         static = {v: x for v, x in si.var_vals.items() if not is_scalar_arg(v)}
         its.append(_ItemTemplate(si.ast, tuple(bufref(b) for b in si.bufs), static, scalars, si.name))
     res = tuple(_encode(r, index, bufref) for r in results)
-    return _Template(tuple(specs), tuple(its), res)
+    assigns = tuple(sorted(i for n, i in index.items() if n.op is Ops.ASSIGN))
+    return _Template(tuple(specs), tuple(its), res, assigns)
 
 
 def _instantiate(t: _Template, nodes: list[UOp]) -> tuple[list[ScheduleItem], list[UOp]]:
@@ -249,22 +251,31 @@ def clear() -> None:
 
 def schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], list[UOp]]:
     """create_schedule(outs), from a template when a graph of the same structure was scheduled before."""
+    items, results, _ = schedule_noting_assigns(outs)
+    return items, results
+
+
+def schedule_noting_assigns(outs: list[UOp]) -> tuple[list[ScheduleItem], list[UOp], list[UOp]]:
+    """`schedule`, and the ASSIGN nodes of the graph (found by the key's walk, which sees every node: the
+    caller that marks assigns as run then needs no walk of its own)."""
     keyed = _graph_key(outs)
     if keyed is None:
         _stats.uncached += 1
-        return create_schedule(outs)
+        assigns = list(dict.fromkeys(n for o in outs for n in o.toposort() if n.op is Ops.ASSIGN))
+        return (*create_schedule(outs), assigns)
     key, nodes, index = keyed
     t = _templates.get(key)
     if t is not None:
         _stats.hits += 1
-        return _instantiate(t, nodes)
+        return (*_instantiate(t, nodes), [nodes[i] for i in t.assigns])
     _stats.misses += 1
+    assigns = [n for n in nodes if n.op is Ops.ASSIGN]
     items, results = create_schedule(outs)
     made = _make_template(items, results, index)
     if made is None:
-        return items, results
+        return items, results, assigns
     with _lock:
         _templates[key] = made
         while len(_templates) > MAX_TEMPLATES:
             _templates.popitem(last=False)
-    return items, results
+    return items, results, assigns

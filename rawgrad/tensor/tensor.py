@@ -425,6 +425,13 @@ class Tensor(CreationOps, MovementOps, ElementwiseOps, ReduceOps, IndexingOps, L
         tensors = [t for t in asked if not is_realized(t.uop)]
         if not tensors:
             return self
+        if not _executed_assigns and not _pending_assigns:
+            # Nothing to substitute and no pending write to add (the usual eager op): no walk of the graph
+            # here; the schedule cache's walk reports the ASSIGN nodes to mark as run.
+            before = [t.uop for t in tensors]
+            done, ran = _realize.realize_noting_assigns(*before)
+            self._finish_realize(tensors, before, done, ran)
+            return self
         # An ASSIGN that already ran must not run again when an older graph that contains it is
         # realized: it is replaced by its target, which now holds the data.
         nodes: set[UOp] = set()
@@ -444,6 +451,14 @@ class Tensor(CreationOps, MovementOps, ElementwiseOps, ReduceOps, IndexingOps, L
                     chosen.add(id(p))
         before = [t.uop for t in tensors]
         done = _realize.realize(*before)
+        assign = Ops.ASSIGN
+        self._finish_realize(tensors, before, done, [n for n in nodes if n.op is assign])
+        return self
+
+    @staticmethod
+    def _finish_realize(tensors: list[Tensor], before: list[UOp], done: tuple[UOp, ...],
+                        ran: list[UOp]) -> None:
+        """Point the realized tensors at their buffers and mark the ASSIGN nodes `ran` as run."""
         _autograd.remember_history(before, done)  # so backward() still works on a realized loss
         for t, u in zip(tensors, done):
             t.uop = u
@@ -451,11 +466,8 @@ class Tensor(CreationOps, MovementOps, ElementwiseOps, ReduceOps, IndexingOps, L
             for t in tensors:
                 _pending_assigns.pop(id(t), None)
                 _pending_view_assigns.pop(id(t), None)
-        assign = Ops.ASSIGN
-        for n in nodes:
-            if n.op is assign:
-                _executed_assigns[n] = n.src[0]
-        return self
+        for n in ran:
+            _executed_assigns[n] = n.src[0]
 
     def numpy(self) -> np.ndarray:
         """The data as a numpy array (bfloat16 comes back as float32)."""
