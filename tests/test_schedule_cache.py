@@ -215,3 +215,34 @@ def test_random_graphs_match_numpy_when_served_from_the_cache(seed: int) -> None
             assert c.misses == 0 and c.compiled == 0, f"program {steps} was scheduled again"
             assert c.hits >= 1
             np.testing.assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_an_assign_run_by_the_walk_free_realize_is_marked_as_run(monkeypatch: pytest.MonkeyPatch,
+                                                                  cached: bool) -> None:
+    """Tensor.realize with no executed or pending assigns skips its own graph walk: the ASSIGN nodes it
+    marks as run come from the schedule cache (a template's, when `cached`). A second graph over the same
+    ASSIGN must then read the written buffer, not run the write again."""
+    from rawgrad.tensor import tensor as tensor_module
+
+    def make(start: float) -> tuple[Tensor, Tensor, Tensor]:
+        p = Tensor(np.array([start, start + 1], np.float32)).realize()
+        alias = Tensor(p.uop)  # the same buffer, through a Tensor that is not the assign's target
+        p.assign(p + 1)
+        return p * 2, p * 3, alias
+
+    if cached:
+        q, r, _ = make(10.0)
+        q.realize()  # this structure's template now exists
+        r.realize()
+    monkeypatch.setattr(tensor_module, "_executed_assigns", weakref.WeakKeyDictionary())
+    q, r, alias = make(1.0)
+    gc.collect()  # the assign's own Tensor is gone: nothing is pending, only its ASSIGN node in q and r
+    assert not tensor_module._pending_assigns and not tensor_module._executed_assigns
+    with _Counts() as c:
+        q.realize()
+    assert c.hits == (1 if cached else 0)
+    assert len(tensor_module._executed_assigns) == 1
+    np.testing.assert_array_equal(q.numpy(), [4, 6])
+    np.testing.assert_array_equal(r.numpy(), [6, 9])  # (1 + 1) * 3: the write ran once
+    np.testing.assert_array_equal(alias.numpy(), [2, 3])
