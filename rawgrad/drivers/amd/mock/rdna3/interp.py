@@ -414,7 +414,7 @@ def _complete(st: _State, counter: str, w: np.ndarray, keep: int) -> None:
             done.append((load, finish))
     for load, finish in reversed(done):  # oldest first: two loads may write one register
         whole = load.waves is st.all_waves and bool(finish.all())
-        sub = slice(None) if whole else load.waves[finish]
+        sub: Any = slice(None) if whole else load.waves[finish]
         nsub = len(load.waves) if whole else len(sub)
         for kind, reg, lanes, vals in load.writes:
             if kind == "s":
@@ -1616,7 +1616,8 @@ def _every_lane(st: _State, k: int) -> tuple[np.ndarray, np.ndarray]:
     """np.nonzero of k waves with all 32 lanes on (cached per k: (wave, lane) index pairs in order)."""
     got = st.every_lane.get(k)
     if got is None:
-        got = st.every_lane[k] = np.nonzero(np.ones((k, WAVE), bool))
+        rows, cols = np.nonzero(np.ones((k, WAVE), bool))
+        got = st.every_lane[k] = (rows, cols)
     return got
 
 
