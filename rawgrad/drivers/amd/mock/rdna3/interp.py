@@ -22,13 +22,18 @@ which would hide the bug). Memory is sequentially consistent: s_waitcnt, caches 
 not modelled (see docs/amd.md).
 
 Numerics (RDNA3 ISA manual, VALU chapters): integer ops wrap; f32/f16 add, mul, fma, sqrt, conversions are
-correctly rounded to nearest even, as the hardware's IEEE ops are (fma through float64 with round-to-odd, so
-no double rounding). The transcendental ops v_exp_f32, v_log_f32, v_rcp_f32 and v_rcp_iflag_f32 are
-approximations on hardware (about 1 ulp); here they return the correctly rounded value, so tests compare
-them with a tolerance. v_div_scale/fmas/fixup follow the ISA pseudocode (V_DIV_FMAS_F32 scales by 2^64 or
-2^-64 depending on the exponent of its third operand).
+correctly rounded to nearest even, as the hardware's IEEE ops are (f32/f16 fma through float64 with
+round-to-odd, so no double rounding; f64 fma as Dekker's exact product plus round-to-odd sums, Boldo and
+Melquiond, with exact Fractions only near overflow and underflow). The transcendental ops v_exp_f32,
+v_log_f32, v_rcp_f32 and v_rcp_iflag_f32 are approximations on hardware (about 1 ulp); here they return the
+correctly rounded value, so tests compare them with a tolerance. v_div_scale/fmas/fixup follow the ISA
+pseudocode (V_DIV_FMAS_F32 scales by 2^64 or 2^-64 depending on the exponent of its third operand).
 
 Any opcode without semantics here raises `MockUnsupported(mnemonic)`; nothing is guessed.
+
+Speed: every instruction is one set of numpy operations over all the waves at its pc (2048 waves, 65536
+lanes, per batch); loads in flight are queued per instruction, not per wave; a step that every wave of the
+batch runs indexes the register files with slices; global accesses that stay in one mapping are one gather.
 """
 from __future__ import annotations
 
