@@ -403,3 +403,24 @@ def test_submission_from_threads_is_not_required_but_host_waits_are(dev):
     for t in ts:
         t.join(TIMEOUT_S)
     assert not errors and not any(t.is_alive() for t in ts)
+
+
+def test_retired_bound_queue_patch_checks_every_value_before_writing(dev):
+    # A bound queue whose last run retired is patched by the generated writer (CPUQueue.submit's fast
+    # path): a missing or out-of-range value raises before any word changes, and nothing is submitted.
+    v, w = UOp.variable("v", 0, 1000), UOp.variable("w", 0, 1000)
+    out = dev.new_signal(name="out")
+    q = dev.queue().signal(out, v * 1000 + w).bind(dev)
+    q.submit(dev, {v: 1, w: 2})
+    out.wait(1002, TIMEOUT_S)  # (a bare queue is no timeline work: synchronize would not wait for it)
+    dev.wait_retired(dev.write_index)
+    words = q._bound_words.copy()
+    written = dev.write_index
+    with pytest.raises(KeyError, match="no value for variable 'w'"):
+        q.submit(dev, {v: 7})
+    with pytest.raises(ValueError, match="outside its range"):
+        q.submit(dev, {v: 7, w: 1001})
+    assert np.array_equal(q._bound_words, words) and dev.write_index == written
+    q.submit(dev, {v: 3, w: 4})
+    out.wait(3004, TIMEOUT_S)
+    assert out.value == 3004

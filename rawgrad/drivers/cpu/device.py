@@ -335,7 +335,16 @@ class CPUQueue(HWQueue):
     def submit(self, device: HCQDevice, var_vals: Mapping[UOp, int] | None = None) -> HWQueue:
         # One step under the device's lock: a bound block is patched in place, so two threads submitting
         # it must not interleave their patches and pushes; and the ring is shared by every queue.
-        with _as_cpu(device).submit_lock:
+        dev = _as_cpu(device)
+        with dev.submit_lock:
+            if self._block is not None and self._patches and self.bound_device is dev and \
+                    self._last_run_end <= dev._read_signal.value:
+                # A graph replay's bound copy whose last run has retired (HCQGraph picks such a copy): no
+                # wait is needed whatever changes, so the words go through the generated writer (every
+                # variable checked before any word is written) instead of the per-expression closures.
+                self._write_changed_words(var_vals if var_vals is not None else {})
+                self._submit(dev)
+                return self
             return super().submit(device, var_vals)
 
     def _before_patch(self, device: Any) -> None:
