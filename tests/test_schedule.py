@@ -141,9 +141,10 @@ def test_debug_output_names_kernels_and_code():
     env = {**os.environ, "DEBUG": "4"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
-    # DEBUG=4: the generated code (LLVM IR on the CPU, PTX on NV)
+    # DEBUG=4: the generated code (LLVM IR on the CPU, PTX on NV, AMDGPU LLVM IR on AMD, MSL on METAL)
     from rawgrad.hcq import Device
-    assert (".entry " if Device.DEFAULT == "NV" else "define void @") in res.stdout
+    code_marker = {"NV": ".entry ", "AMD": "define amdgpu_kernel void @", "METAL": "kernel void "}
+    assert code_marker.get(Device.DEFAULT, "define void @") in res.stdout
     assert "***" in res.stdout and " us" in res.stdout  # DEBUG=2: kernel name and time
     assert res.stdout.strip().splitlines()[-1] == "15.0"
 
