@@ -36,6 +36,7 @@ _per_test: dict[str, int] = {}
 _passed: dict[str, None] = {}  # in the order the tests ran (a dict keeps insertion order)
 _seconds: dict[str, float] = {}  # setup + call + teardown time per test
 _keep: set[str] = set()  # tests marked device_slice_keep
+DRAIN_TIMEOUT_S = 10.0  # how long a test's queued AMD-mock work may take to finish after the test
 _skips: list[tuple[str, str]] = []
 
 
@@ -77,20 +78,35 @@ def install_kernel_counter() -> None:
     _count_calls(ptx_interp.PTXModule, "launch")
 
 
+def _amd_devices() -> list[Any]:
+    import sys
+    if "rawgrad.drivers.amd.device" not in sys.modules:
+        return []
+    from rawgrad.hcq.device import Device
+    return [Device[n] for n in Device.opened() if n.partition(":")[0] == "AMD"]
+
+
+def _drain_amd_mock() -> None:
+    """Let the mock AMD GPU finish what the test queued: its command processor runs on its own thread, so a
+    test that realizes without reading back may end before its kernels ran, and they would count for the
+    next test. A device that cannot finish (faulted, hung) is left to `_reopen_faulted_amd_mock`."""
+    for dev in _amd_devices():
+        if getattr(dev, "closed", False) or getattr(getattr(dev, "mock", None), "fault", None) is not None:
+            continue
+        try:
+            dev.synchronize(DRAIN_TIMEOUT_S)
+        except Exception:  # noqa: S110 - the test's own outcome already says what went wrong
+            pass
+
+
 def _reopen_faulted_amd_mock() -> None:
     """Close the AMD mock device if a test left its command processor halted on a fault (see the module
     docstring); the registry opens a fresh one on the next use."""
-    import sys
-    if "rawgrad.drivers.amd.device" not in sys.modules:
-        return
     from rawgrad.hcq.device import Device
-    for name in Device.opened():
-        if name.partition(":")[0] != "AMD":
-            continue
-        dev = Device[name]
+    for dev in _amd_devices():
         mock = getattr(dev, "mock", None)
         if getattr(dev, "closed", False) or (mock is not None and mock.fault is not None):
-            Device.close(name)
+            Device.close(dev.name)
 
 
 def allowed_skip_patterns() -> list[re.Pattern[str]] | None:
@@ -108,6 +124,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if item.get_closest_marker("device_slice_keep") is not None:
         _keep.add(item.nodeid)
     yield
+    if mock_kind() == "AMD":
+        _drain_amd_mock()
     _per_test[item.nodeid] = _kernels["current"] - before
     if mock_kind() == "AMD":
         _reopen_faulted_amd_mock()
