@@ -6,7 +6,7 @@
 # budget (~4 minutes on the 2-core CI machine). Tests that fail on the mock (interpreter gaps: docs/amd.md)
 # are left out by construction; rerun this after the interpreter gains instructions, or after adding or
 # renaming device tests (CI fails on a slice id that no longer exists, and on a slice test that stops
-# launching kernels). Takes about 6 minutes on 2 cores.
+# launching kernels). Takes about 3 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp)
