@@ -8,12 +8,12 @@ Two checks a plain pytest run cannot make:
   weights package would otherwise turn whole groups of tests into silent skips that still end green.
 - **Kernels that were never assembled.** ``RAWGRAD_REQUIRE_SASS=1`` fails the session when NV kernel images
   fell back to PTX only (no ptxas found) although the run compiled NV kernels.
-- **Tests that claim a device but never used it.** Under ``DEV=NV NV_MOCK=1`` (or ``DEV=AMD AMD_MOCK=1``)
-  every kernel the mock GPU executes is counted per test. The summary says how many tests launched at
-  least one kernel.
+- **Tests that claim a device but never used it.** Under ``DEV=NV NV_MOCK=1`` (or ``DEV=AMD AMD_MOCK=1``,
+  ``DEV=METAL METAL_MOCK=1``) every kernel the mock GPU executes is counted per test. The summary says how
+  many tests launched at least one kernel.
   ``RAWGRAD_WRITE_DEVICE_SLICE=<file>`` writes the node ids of the tests that did (``.ci/nv-slice`` is made
   this way); ``RAWGRAD_REQUIRE_DEVICE_KERNELS=1`` fails the session when a test that passed launched none,
-  so the NV (and AMD) slice can never again count tests that ran nothing on the device.
+  so the NV, AMD and Metal slices can never again count tests that ran nothing on the device.
   ``RAWGRAD_SLICE_MAX_SECONDS=<s>`` leaves tests that took longer than that (setup + call + teardown) out of
   the written slice and lists them: the AMD slice must fit its CI stage's time budget. A test marked
   ``device_slice_keep`` (an acceptance test the slice exists for) stays whatever it costs.
@@ -41,10 +41,10 @@ _skips: list[tuple[str, str]] = []
 
 
 def mock_kind() -> str | None:
-    """"NV" or "AMD" when DEV names that kind and its mock (NV_MOCK=1 / AMD_MOCK=1) is asked for; else
-    None."""
+    """"NV", "AMD" or "METAL" when DEV names that kind and its mock (NV_MOCK=1 / AMD_MOCK=1 / METAL_MOCK=1)
+    is asked for; else None."""
     dev = os.environ.get("DEV", "").upper()
-    for kind in ("NV", "AMD"):
+    for kind in ("NV", "AMD", "METAL"):
         if dev.startswith(kind) and os.environ.get(f"{kind}_MOCK", "0") not in ("", "0"):
             return kind
     return None
@@ -72,6 +72,19 @@ def install_kernel_counter() -> None:
         # CommandProcessor._execute (a dispatch recorded but not executed is not counted)
         from rawgrad.drivers.amd.mock import cp
         _count_calls(cp.CommandProcessor, "_execute")
+        return
+    if mock_kind() == "METAL":
+        # the fake Metal runtime's GPU runs each dispatch's MSL on the host through gpu.run_dispatch, which a
+        # MockMetalGPU takes as its kernel runner when it is made (after this runs: devices open lazily)
+        from rawgrad.drivers.metal.mock import gpu
+
+        original = gpu.run_dispatch
+
+        def counted_dispatch(d: Any) -> None:
+            _kernels["current"] += 1
+            original(d)
+
+        gpu.run_dispatch = counted_dispatch  # type: ignore[assignment]
         return
     # the mock NV GPU runs every kernel through PTXModule.launch (its PTX interpreter): count there
     from rawgrad.drivers.nv.mock import ptx_interp

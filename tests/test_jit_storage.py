@@ -102,6 +102,7 @@ from rawgrad import Device
 from rawgrad.compiler import total_compiles
 from rawgrad.compiler import toolchain
 from rawgrad.compiler.renderer import amdgpu as amdgpu_renderer, llvm as llvm_renderer, ptx as ptx_renderer
+from rawgrad.compiler.renderer import msl as msl_renderer
 from rawgrad.drivers.nv import cubin
 CALLS = collections.Counter()
 
@@ -113,7 +114,7 @@ def watch(cls, name, label):
     setattr(cls, name, counted)
 
 for cls, label in [(llvm_renderer.LLVMRenderer, "llvm"), (ptx_renderer.PTXRenderer, "ptx"),
-                   (amdgpu_renderer.AMDGPURenderer, "amdgpu")]:
+                   (amdgpu_renderer.AMDGPURenderer, "amdgpu"), (msl_renderer.MSLRenderer, "msl")]:
     watch(cls, "lower", label + " lower")
     watch(cls, "render", label + " render")
 watch(toolchain.LLVMCompiler, "compile", "llvm compile")
@@ -169,9 +170,10 @@ def run_child(code: str, *args: str, tmp_path: Path) -> dict[str, Any]:
 
 
 def renders_of_this_device() -> str:
-    """The WATCH label of the renderer the device under test uses (its language: llvm, ptx or amdgpu)."""
+    """The WATCH label of the renderer the device under test uses (its language: llvm, ptx, amdgpu or
+    msl)."""
     language = Device[Device.DEFAULT].renderer.language
-    assert language in ("llvm", "ptx", "amdgpu"), f"WATCH does not count the {language} renderer"
+    assert language in ("llvm", "ptx", "amdgpu", "msl"), f"WATCH does not count the {language} renderer"
     return f"{language} render"
 
 
