@@ -72,9 +72,13 @@ def test_replay_matches_numpy_with_fresh_inputs_and_launches_no_kernels(rng: np.
 
 
 def _submissions(dev: Any) -> int:
-    """Work items handed to the device: CPU ring records, or NV compute-channel submissions."""
+    """Work items handed to the device: CPU ring records, NV compute-channel submissions, AMD PM4 doorbells,
+    or Metal command buffers."""
     nv = getattr(dev, "nv", None)
-    return nv.compute.submissions if nv is not None else dev.write_index
+    if nv is not None:
+        return int(nv.compute.submissions)
+    amd_doorbells = getattr(dev, "pm4_submissions", None)
+    return int(amd_doorbells) if amd_doorbells is not None else int(dev.write_index)
 
 
 def test_replay_is_one_ring_record(rng: np.random.Generator) -> None:

@@ -224,6 +224,7 @@ class AMDDevice(HCQDevice):
         self.signal_event: abi.EventInfo | None = None  # the SIGNAL event host waits sleep on (None: poll)
         self.event_mailbox = 0  # its mailbox: event page + slot * 8
         self.event_waits = 0  # WAIT_EVENTS calls host waits made (how tests see the waits were event driven)
+        self.pm4_submissions = 0  # doorbells rung on the PM4 queue (a bound replay is one: tests count them)
         self._last_fault_poll = 0.0
         self._kfd_fault: str | None = None
         self._fds: list[int] = []

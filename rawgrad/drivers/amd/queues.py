@@ -308,12 +308,14 @@ class AMDComputeQueue(_AMDQueue):
             words = np.asarray(self._words, dtype=np.uint32)
             dev.pm4_words[self._slot:self._slot + len(words)] = words
             dev.pm4_publish(ring.commit(len(words)))
+            dev.pm4_submissions += 1
             return
         slot = ring.reserve(REPLAY_DWORDS, 1, self.name)
         packet = pm4.indirect_buffer(self._block.va, self._fetch_dwords) + pm4.nop(1)
         dev.pm4_words[slot:slot + REPLAY_DWORDS] = np.asarray(packet, dtype=np.uint32)
         self._retire[0] = ring.commit(REPLAY_DWORDS)
         dev.pm4_publish(self._retire[0])
+        dev.pm4_submissions += 1
 
 
 class AMDCopyQueue(_AMDQueue):
