@@ -112,7 +112,7 @@ def test_nv_mock_cli_says_it_is_the_mock_and_lists_the_surface(monkeypatch: pyte
     out = capsys.readouterr().out
     assert out.index("*** MOCK DRIVER (NV_MOCK=1, profile h100)") < out.index("Platform")
     assert "NVIDIA H100 (mock)" in out and "sm_90, Hopper (GH100)" in out
-    assert "NV   yes  mock driver" in out and "580.159.04" in out
+    assert "NV    yes  mock driver" in out and "580.159.04" in out
     lines = out.splitlines()
     alloc = next(line for line in lines if line.strip().startswith("NV_ESC_RM_ALLOC "))
     assert "nr 0x2b" in alloc and "ioctl 0xc020462b" in alloc and "issued x" in alloc
@@ -337,4 +337,26 @@ def test_amd_mock_brings_up_runs_a_kernel_and_says_it_is_the_mock(monkeypatch: p
     assert "MOCK AMD GPU (AMD_MOCK=1)" in out and "no real AMD GPU has run rawgrad" in out
     assert "KFD version      1.17" in out and "gfx1100, 96 CUs, wave32" in out
     assert "the copy kernel ran on the RDNA3 interpreter" in out
-    assert "AMD  yes  mock KFD: bring-up OK and a kernel ran on the RDNA3 interpreter (not hardware)" in out
+    assert "AMD   yes  mock KFD: bring-up OK and a kernel ran on the RDNA3 interpreter (not hardware)" in out
+
+
+def test_metal_off_a_mac_is_a_skip_and_says_it_is_verified_on_a_mock_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("METAL_MOCK", raising=False)
+    report = diagnose(mock=True)
+    got = {f.check: f for f in report.findings if f.section == "Apple GPU (Metal)"}
+    assert got["verified"].status is Status.WARN and "no Mac has run rawgrad" in got["verified"].message
+    assert got["platform"].status is Status.SKIP and "Metal needs macOS" in got["platform"].message
+    assert not report.path("METAL").works and "macOS" in report.path("METAL").reason
+    assert "MOCK METAL" not in render(report)
+
+
+def test_metal_mock_runs_the_smoke_steps_and_says_it_is_the_mock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("METAL_MOCK", "1")
+    report = diagnose(mock=True)
+    got = {f.check.split(" (")[0]: f for f in report.findings if f.section == "Apple GPU (Metal)"}
+    for step in ("buffers", "timeline", "eager kernel", "ICB replay", "timestamps"):
+        assert got[step].status is Status.OK, (step, got.get(step))
+    assert report.path("METAL").works and "not a Mac" in report.path("METAL").reason
+    text = render(report)
+    assert "MOCK METAL (METAL_MOCK=1)" in text and "no Mac has run rawgrad" in text

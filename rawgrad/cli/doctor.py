@@ -21,6 +21,12 @@ the oldest KFD rawgrad speaks, the GPU nodes of the sysfs topology and whether r
 gfx, the render node, then a full :class:`~rawgrad.drivers.amd.device.AMDDevice` bring-up closed right
 after. ``AMD_MOCK=1`` runs it over the mock KFD and command processor (a kernel then runs on the RDNA3
 interpreter). **AMD is verified on a mock only: no real AMD GPU has run rawgrad**, and the report says so.
+
+The Metal section: why Metal cannot open here (not macOS, an Intel Mac), else the bring-up checklist of
+``rawgrad.drivers.metal.smoke`` (open, shared buffers, the shared-event timeline, one MSL kernel eagerly and
+as an indirect-command-buffer replay, timestamps). ``METAL_MOCK=1`` runs it over the fake Objective-C
+runtime whose GPU builds the MSL with the host C++ compiler. **Metal is verified on that Linux mock only: no
+Mac has run rawgrad**, and the report says so.
 """
 
 from __future__ import annotations
@@ -162,6 +168,7 @@ class DoctorReport:
     findings: list[Finding] = field(default_factory=list)
     mock: bool = False
     amd_mock: bool = False  # the AMD checks ran over the mock KFD (AMD_MOCK=1)
+    metal_mock: bool = False  # the Metal checks ran over the fake Objective-C runtime (METAL_MOCK=1)
     mock_profile: str | None = None
     driver_version: str | None = None  # from NV_ESC_CHECK_VERSION_STR
     module_version: str | None = None  # from /proc/driver/nvidia/version
@@ -813,6 +820,7 @@ def diagnose(os_iface: OSInterface | None = None, *, mock: bool | None = None,
         _check_bringup(d, base)
         _check_assembler(d)
         _check_amd(report, amd_os, amd_mock)
+        _check_metal(report)
         nv_ok = d.bringup_ok and d.nv_blocker is None
         if nv_ok and use_mock:
             why = "mock driver: bring-up OK; kernels would run in the mock's PTX interpreter"
@@ -829,6 +837,55 @@ def diagnose(os_iface: OSInterface | None = None, *, mock: bool | None = None,
         if owned is not None:
             owned.shutdown()
     return report
+
+
+# ---------------------------------------------------------------------------------------------- Metal
+METAL_SECTION = "Apple GPU (Metal)"
+METAL_VERIFIED = ("Metal support is verified on a Linux mock only (rawgrad's fake Objective-C runtime; the "
+                  "MSL built and run by the host C++ compiler): no Mac has run rawgrad yet "
+                  "(`python -m rawgrad metal-smoke` is the checklist for the first one)")
+
+
+def _check_metal(report: DoctorReport) -> None:
+    """The Metal section (see the module docstring); adds the METAL path verdict. Never raises."""
+    from rawgrad.drivers import metal
+
+    sec = METAL_SECTION
+    report.metal_mock = metal.mock_requested()
+    report.add(sec, "verified", Status.WARN, METAL_VERIFIED)
+    why = metal.missing_driver()
+    if why is not None:
+        report.add(sec, "platform", Status.SKIP, f"{why} (METAL_MOCK=1 runs the mock Apple GPU)")
+        report.paths.append(PathVerdict("METAL", False, why))
+        return
+    lines: list[str] = []
+    dev: Any = None
+    try:
+        from rawgrad.drivers.metal.device import MetalDevice, open_mock
+        from rawgrad.drivers.metal.smoke import run_steps
+        dev = open_mock("METAL:doctor") if report.metal_mock else MetalDevice("METAL:doctor")
+        ok = run_steps(dev, lines.append)
+    except Exception as e:  # opening failed, or a step raised outside its own guard
+        lines.append(f"FAIL open: {explain(e)}")
+        ok = False
+    finally:
+        if dev is not None:
+            try:
+                dev.close()
+            except Exception as e:  # a close that fails is a finding too, never a crash
+                lines.append(f"FAIL close: {explain(e)}")
+                ok = False
+    for line in lines:
+        status, _, rest = line.partition(" ")
+        check, _, detail = rest.strip().partition(": ")
+        report.add(sec, check, Status.OK if status == "ok" else Status.FAIL, detail)
+    failed = next((ln for ln in lines if ln.startswith("FAIL")), None)
+    if ok and failed is None:
+        reason = ("mock runtime: every smoke step passed, the kernels ran as host-built MSL (not a Mac)"
+                  if report.metal_mock else "every smoke step passed and the device closed cleanly")
+        report.paths.append(PathVerdict("METAL", True, reason))
+    else:
+        report.paths.append(PathVerdict("METAL", False, failed or "the smoke steps did not complete"))
 
 
 # ------------------------------------------------------------------------------------------------ AMD
@@ -996,6 +1053,9 @@ def render(report: DoctorReport, verbose: bool = False) -> str:
     if report.amd_mock:
         lines += ["", "*** MOCK AMD GPU (AMD_MOCK=1): the AMD checks ran against rawgrad's mock KFD and "
                       "command processor, not a GPU. ***"]
+    if report.metal_mock:
+        lines += ["", "*** MOCK METAL (METAL_MOCK=1): the Metal checks ran against rawgrad's fake "
+                      "Objective-C runtime on this host, not a Mac. ***"]
     section = None
     width = max((len(f.check) for f in report.findings), default=10)
     for f in report.findings:
@@ -1005,7 +1065,7 @@ def render(report: DoctorReport, verbose: bool = False) -> str:
         lines.append(f"  [{f.status.value:4s}] {f.check:<{width}}  {f.message}")
     lines += ["", "Paths"]
     for p in report.paths:
-        lines.append(f"  {p.device:4s} {'yes' if p.works else 'no '}  {p.reason}")
+        lines.append(f"  {p.device:5s} {'yes' if p.works else 'no '}  {p.reason}")
     by_kind: dict[str, list[AbiEntry]] = {}
     for e in report.abi_surface:
         by_kind.setdefault(e.kind, []).append(e)

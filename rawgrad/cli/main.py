@@ -1,5 +1,5 @@
-"""Command line: `python -m rawgrad [demo | info | doctor | smoke | amd-smoke | infer minilm|gpt2 |
-bench cpu|dispatch|infer|saved-graph|gpu]` (rawgrad/__main__.py runs `run` from here)."""
+"""Command line: `python -m rawgrad [demo | info | doctor | smoke | amd-smoke | metal-smoke |
+infer minilm|gpt2 | bench cpu|dispatch|infer|saved-graph|gpu]` (rawgrad/__main__.py runs `run` from here)."""
 from __future__ import annotations
 
 import argparse
@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     amd = sub.add_parser("amd-smoke", help="AMD bring-up checklist for the first real AMD GPU, one step per "
                                            "mechanism (table + JSON)")
     amd_smoke.add_arguments(amd)
+    metal = sub.add_parser("metal-smoke", help="Metal bring-up checklist for the first Mac, one step per "
+                                               "mechanism (--mock: rehearse it on the Linux mock runtime)")
+    metal.add_argument("--mock", action="store_true", help="run on the mock Objective-C runtime (not a Mac)")
     infer = sub.add_parser("infer", help="run a model through its captured graph")
     infer_sub = infer.add_subparsers(dest="model", required=True)
     ml = infer_sub.add_parser("minilm", help="sentence embeddings with all-MiniLM-L6-v2")
@@ -225,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         return nv_smoke.run_command(args)
     if args.cmd == "amd-smoke":
         return amd_smoke.run_command(args)
+    if args.cmd == "metal-smoke":
+        from rawgrad.drivers.metal import smoke as metal_smoke  # loads the Metal driver only when asked
+        return metal_smoke.main(["--mock"] if args.mock else [])
     if args.cmd == "infer" and args.model == "minilm":
         return infer_minilm(args.sentences, args.show, args.repeats)
     if args.cmd == "infer" and args.model == "gpt2":
