@@ -4,7 +4,8 @@ This is the AMD acceptance's MiniLM parity: the AMD CI stage runs it under ``DEV
 .ci/amd-slice, kept there whatever it costs), where the whole model runs through KFD, the PM4 queue and the
 RDNA3 interpreter and is compared with the CPU device's embedding of the same sentence. On the CPU default
 device the two sides are the same device and the test only checks the comparison itself; under ``DEV=NV
-NV_MOCK=1`` it is the same parity on the NV mock."""
+NV_MOCK=1`` it is the same parity on the NV mock, and under ``DEV=METAL METAL_MOCK=1`` (in .ci/metal-slice,
+Metal's acceptance) the model's MSL kernels run on the host through the fake Metal runtime."""
 from __future__ import annotations
 
 import numpy as np
