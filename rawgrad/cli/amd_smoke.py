@@ -44,12 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from rawgrad.cli.smoke_checks import JIT_CALLS, MAX_ABS_ERROR, jit_step_error, tensor_op_errors
+
 __all__ = ["StepResult", "TracingKFD", "add_arguments", "main", "render", "run_command", "run_smoke"]
 
-# float32 results compared with numpy (a 48-long row sum and a 48-deep matmul round differently)
-MAX_ABS_ERROR = 1e-3
-TENSOR_SHAPE = (64, 48)
-JIT_CALLS = 4  # call 1 eager, call 2 captures, calls 3 and 4 replay
 COPY_BYTES = 1000 + 3  # not a multiple of 4, 8 or 256: partial words and a partial last workgroup
 TIMEOUT_S = 20.0  # each wait of the checklist: a hung first GPU costs seconds, not minutes
 CLOCK_INTERVAL_S = 0.05  # host time between the two clock writes of the timestamp step
@@ -306,34 +304,16 @@ def _registry_device(run: _Run) -> Iterator[str]:
 
 
 def _tensor_ops(run: _Run) -> dict[str, Any]:
-    from rawgrad.tensor.tensor import Tensor
     with _registry_device(run) as name:
-        rng = np.random.default_rng(0)
-        a, b, c = (rng.standard_normal(TENSOR_SHAPE).astype(np.float32) for _ in range(3))
-        ta, tb, tc = (Tensor(x, device=name) for x in (a, b, c))
-        got = {"fma": (ta * tb + tc).numpy(), "sum": ta.sum(axis=1).numpy(), "matmul": (ta @ tb.T).numpy()}
-        want = {"fma": a * b + c, "sum": a.sum(axis=1), "matmul": a @ b.T}
-    errors = {k: float(np.max(np.abs(got[k] - want[k]))) for k in got}
+        errors = tensor_op_errors(name)
     if max(errors.values()) > MAX_ABS_ERROR:
         raise AssertionError(f"results differ from numpy: {errors}")
     return {"max_abs_error": errors}
 
 
 def _tinyjit(run: _Run) -> dict[str, Any]:
-    from rawgrad.jit import TinyJit
-    from rawgrad.tensor.tensor import Tensor
     with _registry_device(run) as name:
-        rng = np.random.default_rng(2)
-        a, b = (rng.standard_normal(TENSOR_SHAPE).astype(np.float32) for _ in range(2))
-
-        @TinyJit
-        def step(x: Tensor, y: Tensor) -> Tensor:
-            return ((x * 2 + y).relu() @ y.T).realize()
-
-        for _ in range(JIT_CALLS):
-            out = step(Tensor(a, device=name), Tensor(b, device=name)).numpy()
-        replays = step.replays
-    err = float(np.max(np.abs(out - (np.maximum(a * 2 + b, 0) @ b.T))))
+        err, replays = jit_step_error(name)
     if err > MAX_ABS_ERROR or replays != JIT_CALLS - 2:
         raise AssertionError(f"TinyJit: max |error| {err}, {replays} replays (want {JIT_CALLS - 2})")
     return {"replays": replays, "max_abs_error": err}

@@ -13,43 +13,23 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
+from rawgrad.cli.smoke_checks import MAX_ABS_ERROR, jit_step_error, tensor_op_errors
 from rawgrad.drivers.nv.smoke import SmokeRun, Step, StepResult, render
 from rawgrad.drivers.nv.smoke import run_smoke as run_driver_steps
-from rawgrad.jit import TinyJit
-from rawgrad.tensor.tensor import Tensor
 
 __all__ = ["add_arguments", "main", "run_command", "run_smoke", "tensor_ops"]
 
-# the largest difference from numpy the float32 results may show (fma, a 48-long row sum, a matmul)
-MAX_ABS_ERROR = 1e-3
-TENSOR_SHAPE = (64, 48)
-JIT_CALLS = 4  # call 1 eager, call 2 captures, calls 3 and 4 replay
 
 
 def tensor_ops(run: SmokeRun) -> dict[str, Any]:
     """Elementwise, reduce and matmul kernels through Tensor, then a TinyJit capture and replays, on the
-    registry's NV device (the one `run.hcq` holds); each compared with numpy."""
+    registry's NV device (the one `run.hcq` holds); each compared with numpy (cli/smoke_checks.py)."""
     del run  # the step reaches the device by name: Device["NV"] is the instance the run brought up
-    name = "NV"
-    rng = np.random.default_rng(0)
-    a, b, c = (rng.standard_normal(TENSOR_SHAPE).astype(np.float32) for _ in range(3))
-    ta, tb, tc = (Tensor(x, device=name) for x in (a, b, c))
-    got = {"fma": (ta * tb + tc).numpy(), "sum": ta.sum(axis=1).numpy(), "matmul": (ta @ tb.T).numpy()}
-    want = {"fma": a * b + c, "sum": a.sum(axis=1), "matmul": a @ b.T}
-    errors = {k: float(np.max(np.abs(got[k] - want[k]))) for k in got}
-
-    @TinyJit
-    def step(x: Tensor, y: Tensor) -> Tensor:
-        return ((x * 2 + y).relu() @ y.T).realize()
-
-    for _ in range(JIT_CALLS):
-        out = step(ta, tb).numpy()
-    errors["jit"] = float(np.max(np.abs(out - (np.maximum(a * 2 + b, 0) @ b.T))))
+    errors = tensor_op_errors("NV")
+    errors["jit"], replays = jit_step_error("NV")
     if max(errors.values()) > MAX_ABS_ERROR:
         raise AssertionError(f"results differ from numpy: {errors}")
-    return {"max_abs_error": errors, "replays": getattr(step, "replays", None)}
+    return {"max_abs_error": errors, "replays": replays}
 
 
 CLI_STEPS: tuple[Step, ...] = (("tensor_ops", tensor_ops, ("first_kernel",)),)
