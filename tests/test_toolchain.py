@@ -191,3 +191,59 @@ def test_concurrent_compiles_are_safe(tmp_path: Path) -> None:
     for i, obj in enumerate(objs):
         assert any(s.name == f"add{i % 6}" for s in ElfFile.parse(obj).symbols)
     assert len(_entries(tmp_path)) == 6
+
+
+def test_pipeline_chosen_by_work(tmp_path: Path) -> None:
+    """Tiny work gets the quick pipeline (no vector code, own cache entry); big or unknown work keeps O3."""
+    comp = LLVMCompiler(cache_dir=str(tmp_path))
+    assert comp.quick(0) and comp.quick(toolchain.QUICK_MAX_WORK)
+    assert not comp.quick(toolchain.QUICK_MAX_WORK + 1) and not comp.quick(None)
+    assert comp.cache_key(VEC_IR, quick=True) != comp.cache_key(VEC_IR)
+    if "+avx2" in comp.features.split(","):
+        assert "ymm" in comp.assembly(VEC_IR, work=toolchain.QUICK_MAX_WORK + 1)
+        assert "ymm" not in comp.assembly(VEC_IR, work=16) and "zmm" not in comp.assembly(VEC_IR, work=16)
+    ir = VEC_IR + "; pipeline by work\n"
+    quick_before = LLVMCompiler.stats.quick_compiles
+    compiles_before = LLVMCompiler.stats.compiles
+    small, big = comp.compile(ir, work=16), comp.compile(ir, work=None)
+    assert LLVMCompiler.stats.compiles - compiles_before == 2  # two pipelines: two objects, two entries
+    assert LLVMCompiler.stats.quick_compiles - quick_before == 1
+    assert small != big and len(_entries(tmp_path)) == 2
+    assert any(s.name == "axpy" for s in ElfFile.parse(small).symbols)
+    assert comp.compile(ir, work=16) == small and LLVMCompiler.stats.compiles - compiles_before == 2
+
+
+def test_amdgpu_compiler_never_takes_the_quick_pipeline() -> None:
+    assert not toolchain.AMDGPUCompiler.sizes_pipeline
+    assert LLVMCompiler.sizes_pipeline
+
+
+def test_kernel_work_estimate() -> None:
+    """The realize loop's work estimate (lowered here, so an earlier test's cached kernel does not hide
+    it): a tiny elementwise kernel is small, a 64x64 matmul is not; a quick-built kernel computes the same
+    values as numpy."""
+    import numpy as np
+
+    from rawgrad import Tensor
+    from rawgrad.hcq.device import Device
+    from rawgrad.tensor import realize as R
+    from rawgrad.tensor import schedule_cache
+
+    def works(t: Tensor) -> list[int | None]:
+        items = schedule_cache.schedule_noting_assigns([t.uop])[0]
+        out = []
+        for si in items:
+            if si.ast is not None:
+                out.append(R.kernel_work(Device[si.bufs[0].device].renderer.lower(si.ast, "k")))
+        return out
+
+    x = Tensor(np.arange(16, dtype=np.float32) / 16).realize()
+    small = (x + 0.25).reshape(4, 4)[:, 1].exp()
+    a = Tensor(np.ones((64, 64), np.float32)).realize()
+    big = a @ a
+    small_works, big_works = works(small), works(big)
+    assert small_works and all(w is not None and w <= toolchain.QUICK_MAX_WORK for w in small_works)
+    assert big_works and all(w is not None and w > toolchain.QUICK_MAX_WORK for w in big_works)
+    np.testing.assert_allclose(small.numpy(), np.exp(np.arange(16, dtype=np.float32).reshape(4, 4)[:, 1] / 16
+                                                     + 0.25), rtol=1e-6)
+    np.testing.assert_allclose(big.numpy(), np.full((64, 64), 64, np.float32))

@@ -181,13 +181,40 @@ def _build_kernel(ast: UOp, dev: Any, device: str, name: str) -> CompiledKernel:
     src = dev.renderer.render(linear)
     if config.DEBUG() >= 4:
         print(src)
-    lib = dev.compiler.compile(src)
+    compiler = dev.compiler
+    lib = compiler.compile(src, work=kernel_work(linear)) if getattr(compiler, "sizes_pipeline", False) \
+        else compiler.compile(src)
     GlobalCounters.kernels_compiled += 1
     ck = CompiledKernel(linear.name, dev.program(linear.name, lib, linear.launch), linear, src)
     _kernel_cache[key] = ck
     if len(_kernel_cache) > config.MAX_LOADED_KERNELS():
         _evict(len(_kernel_cache) - config.MAX_LOADED_KERNELS())
     return ck
+
+
+def kernel_work(linear: LinearProgram) -> int | None:
+    """An upper estimate of a kernel's work per call, for the compiler's choice of pipeline: the product of
+    every loop's trip count (the global range counted as the launch's threads) times the number of distinct
+    nodes in the kernel's statements (its body's size; sequential loops multiply too: an overestimate only
+    costs the full pipeline). None when a bound is symbolic: the work is unknown until launch."""
+    threads = linear.launch.threads
+    if not isinstance(threads, int):
+        return None
+    work = threads
+    seen: set[int] = set()
+    stack = list(linear.statements)
+    while stack:
+        u = stack.pop()
+        if id(u) in seen:
+            continue
+        seen.add(id(u))
+        stack.extend(u.src)
+        if u.op is Ops.RANGE and u.arg[1] != "global":
+            start, end = u.src
+            if start.op is not Ops.CONST or end.op is not Ops.CONST:
+                return None
+            work *= max(int(end.arg) - int(start.arg), 1)
+    return work * max(len(seen), 1)
 
 
 def _evict(n: int) -> None:
