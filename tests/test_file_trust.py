@@ -277,15 +277,23 @@ def test_planted_cache_entry_cannot_change_what_a_fresh_process_computes(tmp_pat
     mul_dir, add_dir = _trusted_folder(tmp_path / "mul"), _trusted_folder(tmp_path / "add")
     run_child(OP_CHILD, "mul", env={"RAWGRAD_CACHE_DIR": str(mul_dir)})
     run_child(OP_CHILD, "add", env={"RAWGRAD_CACHE_DIR": str(add_dir)})
-    mul_only = {p.name for p in mul_dir.iterdir()} - {p.name for p in add_dir.iterdir()}
-    add_only = {p.name for p in add_dir.iterdir()} - {p.name for p in mul_dir.iterdir()}
-    assert len(mul_only) == 1 and len(add_only) == 1  # the one kernel each computed
-    target = add_dir / add_only.pop()
-    target.write_bytes((mul_dir / mul_only.pop()).read_bytes())  # a valid entry, of the wrong kernel
-    target.chmod(0o666)  # as another user's process could leave it
+    # one entry per cache each kernel fills: the compiler's (by generated code) and the kernel cache's (by
+    # AST); the wrong kernel's valid entry is planted in both
+    targets = []
+    for suffix in (".o", ".kernel"):
+        mul_names = {p.name for p in mul_dir.iterdir() if p.suffix == suffix}
+        add_names = {p.name for p in add_dir.iterdir() if p.suffix == suffix}
+        mul_only, add_only = mul_names - add_names, add_names - mul_names
+        assert len(mul_only) == 1 and len(add_only) == 1  # the one kernel each computed
+        target = add_dir / add_only.pop()
+        target.write_bytes((mul_dir / mul_only.pop()).read_bytes())  # a valid entry, of the wrong kernel
+        target.chmod(0o666)  # as another user's process could leave it
+        targets.append(target)
     out = run_child(OP_CHILD, "add", env={"RAWGRAD_CACHE_DIR": str(add_dir)}).splitlines()
     assert eval(out[-2]) == [1.0, 2.0, 3.0, 4.0]
-    assert any(target.name in w and "writable by group or others" in w for w in eval(out[-1]))
+    # the kernel cache's entry is asked first; refused, the kernel is built, and the compiler refuses its own
+    for target in targets:
+        assert any(target.name in w and "writable by group or others" in w for w in eval(out[-1]))
 
 
 # ---------------------------------------------------------------------------------------------- safetensors

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rawgrad import config
+from rawgrad.compiler.cache_kernels import CachedKernel, KernelDiskCache, ast_key, code_version
 from rawgrad.compiler.counters import CompileCount, register_compile_counter
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.lower import LinearProgram
@@ -30,12 +31,14 @@ class GlobalCounters:
 
     kernel_count = 0
     kernels_compiled = 0
+    kernel_disk_hits = 0  # of kernels_compiled, those loaded from the AST-keyed disk cache (no lowering)
     kernel_time_s = 0.0
 
     @classmethod
     def reset(cls) -> None:
         cls.kernel_count = 0
         cls.kernels_compiled = 0
+        cls.kernel_disk_hits = 0
         cls.kernel_time_s = 0.0
 
 
@@ -144,17 +147,51 @@ _kernel_cache: OrderedDict[tuple[UOp, str], CompiledKernel] = OrderedDict()
 # devices, so a launch submitted just before a drop never runs from an unmapped image.
 _evicted: list[CompiledKernel] = []
 _name_counts: dict[str, int] = {}
+_used_names: set[str] = set()
 # Held while a kernel missing from the cache is compiled and loaded, so two threads that miss on the same
 # kernel build it once and symbol names stay unique; a hit never takes it. Re-entrant: loading a program
 # may compile a helper kernel of the driver's. Taken before a device's lock, never under one.
 _compile_lock = threading.RLock()
 
 
+def _symbol_base(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
 def _symbol_name(name: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    """A symbol no kernel of this process uses yet (one from the disk cache counts as used)."""
+    base = _symbol_base(name)
     n = _name_counts.get(base, 0)
-    _name_counts[base] = n + 1
-    return base if n == 0 else f"{base}_n{n}"
+    while True:
+        cand = base if n == 0 else f"{base}_n{n}"
+        n += 1
+        if cand not in _used_names:
+            break
+    _name_counts[base] = n
+    _used_names.add(cand)
+    return cand
+
+
+# AST-keyed disk caches by folder (rawgrad.compiler.cache_kernels); the folder is the compiler's own.
+_kernel_disks: dict[str, KernelDiskCache] = {}
+
+
+def _kernel_disk(dev: Any, name: str, ast: UOp) -> tuple[KernelDiskCache, str] | None:
+    """The AST-keyed disk cache and this kernel's key there, or None when the device's compiler has no
+    disk cache or no target key (only the LLVM compilers have both)."""
+    compiler = dev.compiler
+    folder = getattr(compiler, "cache_dir", None)
+    target_key = getattr(compiler, "target_key", None)
+    if not folder or not isinstance(target_key, str):
+        return None
+    disk = _kernel_disks.get(folder)
+    if disk is None:
+        disk = _kernel_disks[folder] = KernelDiskCache(folder)
+    import llvmlite  # the compilers with a target key are llvmlite's; its version is part of the key
+    version = code_version(__name__, type(dev.renderer).__module__, type(compiler).__module__)
+    key = ast_key(ast, _symbol_base(name), type(dev.renderer).__qualname__, type(compiler).__qualname__,
+                  target_key, llvmlite.__version__, version)
+    return disk, key
 
 
 def get_kernel(ast: UOp, device: str, name: str) -> CompiledKernel:
@@ -177,19 +214,45 @@ def _build_kernel(ast: UOp, dev: Any, device: str, name: str) -> CompiledKernel:
     key = (ast, device)
     if dev.renderer is None:
         raise RuntimeError(f"device {device} has no renderer: it cannot run kernels")
-    linear = dev.renderer.lower(ast, _symbol_name(name))
-    src = dev.renderer.render(linear)
-    if config.DEBUG() >= 4:
-        print(src)
-    compiler = dev.compiler
-    lib = compiler.compile(src, work=kernel_work(linear)) if getattr(compiler, "sizes_pipeline", False) \
-        else compiler.compile(src)
+    # DEBUG=4 prints every kernel's generated code, so it lowers and renders even what the disk holds
+    disk = _kernel_disk(dev, name, ast)
+    ck = _load_cached(dev, disk) if disk is not None and config.DEBUG() < 4 else None
+    if ck is None:
+        linear = dev.renderer.lower(ast, _symbol_name(name))
+        src = dev.renderer.render(linear)
+        if config.DEBUG() >= 4:
+            print(src)
+        compiler = dev.compiler
+        lib = compiler.compile(src, work=kernel_work(linear)) if getattr(compiler, "sizes_pipeline", False) \
+            else compiler.compile(src)
+        ck = CompiledKernel(linear.name, dev.program(linear.name, lib, linear.launch), linear, src)
+        if disk is not None:
+            disk[0].put(disk[1], CachedKernel(linear.name, tuple(linear.variables), linear.global_size,
+                                              linear.launch, lib))
     GlobalCounters.kernels_compiled += 1
-    ck = CompiledKernel(linear.name, dev.program(linear.name, lib, linear.launch), linear, src)
     _kernel_cache[key] = ck
     if len(_kernel_cache) > config.MAX_LOADED_KERNELS():
         _evict(len(_kernel_cache) - config.MAX_LOADED_KERNELS())
     return ck
+
+
+def _load_cached(dev: Any, disk: tuple[KernelDiskCache, str]) -> CompiledKernel | None:
+    """The kernel from the AST-keyed disk cache, or None (a miss, a refused entry, or its symbol name
+    already taken by another kernel of this process: then it is built under a fresh name)."""
+    entry = disk[0].get(disk[1])
+    if entry is None or entry.name in _used_names:
+        return None
+    try:
+        program = dev.program(entry.name, entry.lib, entry.launch)
+    except Exception:  # an intact entry whose object does not load (e.g. no such symbol): build it again
+        disk[0].refused_entries += 1
+        return None
+    _used_names.add(entry.name)
+    GlobalCounters.kernel_disk_hits += 1
+    # what a launch and a capture read from the lowered program; the statements are not needed
+    linear = LinearProgram(entry.name, [], [], list(entry.variables), entry.global_size, entry.launch,
+                           dev.renderer.target)
+    return CompiledKernel(entry.name, program, linear, f"; {entry.name}: loaded from the kernel cache")
 
 
 def kernel_work(linear: LinearProgram) -> int | None:
