@@ -42,8 +42,10 @@ class GlobalCounters:
         cls.kernel_time_s = 0.0
 
 
-# the realize loop's kernels (lowered, rendered, compiled; a compiler cache hit counts too)
-register_compile_counter("kernels", lambda: CompileCount(GlobalCounters.kernels_compiled))
+# the realize loop's kernels (lowered, rendered, compiled; a compiler cache hit counts too); those loaded
+# from the AST-keyed disk cache are artefacts read back from disk (no compiler runs for them)
+register_compile_counter("kernels", lambda: CompileCount(GlobalCounters.kernels_compiled, 0,
+                                                         GlobalCounters.kernel_disk_hits))
 
 
 @dataclass
