@@ -169,3 +169,21 @@ def test_corrupt_or_hostile_entry_is_refused_and_rebuilt(built: Path, tmp_path: 
     assert not (tmp_path / "pwned").exists()
     if damage in ("symlink", "others_writable"):
         assert entry.name in out
+
+
+def test_key_covers_what_the_lowering_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOOPT changes the lowering, so it changes the kernel cache's key (the AST alone is the same)."""
+    from rawgrad.hcq.device import Device
+    from rawgrad.tensor import realize as R
+
+    x = Tensor(np.arange(16, dtype=np.float32)).realize()
+    ast = _asts((x + 1).exp())[-1]
+    dev = Device["CPU"]
+    if not getattr(dev.compiler, "cache_dir", None):
+        pytest.fail("the CPU compiler has no disk cache folder here; the test needs one")
+    monkeypatch.setenv("NOOPT", "0")
+    plain = R._kernel_disk(dev, "E_16", ast)
+    monkeypatch.setenv("NOOPT", "1")
+    noopt = R._kernel_disk(dev, "E_16", ast)
+    assert plain is not None and noopt is not None and plain[1] != noopt[1]
+    assert R._kernel_disk(dev, "E_other", ast)[1] != noopt[1]  # type: ignore[index]

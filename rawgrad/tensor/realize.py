@@ -6,6 +6,7 @@ which tests use as the oracle for the compiled path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 import time
@@ -176,6 +177,8 @@ def _symbol_name(name: str) -> str:
 
 # AST-keyed disk caches by folder (rawgrad.compiler.cache_kernels); the folder is the compiler's own.
 _kernel_disks: dict[str, KernelDiskCache] = {}
+# each renderer target's canonical text, by id (the target itself held, so an id is never reused meanwhile)
+_target_texts: dict[int, tuple[Any, str]] = {}
 
 
 def _kernel_disk(dev: Any, name: str, ast: UOp) -> tuple[KernelDiskCache, str] | None:
@@ -191,8 +194,13 @@ def _kernel_disk(dev: Any, name: str, ast: UOp) -> tuple[KernelDiskCache, str] |
         disk = _kernel_disks[folder] = KernelDiskCache(folder)
     import llvmlite  # the compilers with a target key are llvmlite's; its version is part of the key
     version = code_version(__name__, type(dev.renderer).__module__, type(compiler).__module__)
+    # plus what else the lowering reads: the renderer's target (vector width, ...) and NOOPT
+    target = dev.renderer.target
+    held = _target_texts.get(id(target))
+    if held is None or held[0] is not target:
+        held = _target_texts[id(target)] = (target, _canonical(target))
     key = ast_key(ast, _symbol_base(name), type(dev.renderer).__qualname__, type(compiler).__qualname__,
-                  target_key, llvmlite.__version__, version)
+                  held[1], f"NOOPT={int(config.NOOPT())}", target_key, llvmlite.__version__, version)
     return disk, key
 
 
@@ -236,6 +244,19 @@ def _build_kernel(ast: UOp, dev: Any, device: str, name: str) -> CompiledKernel:
     if len(_kernel_cache) > config.MAX_LOADED_KERNELS():
         _evict(len(_kernel_cache) - config.MAX_LOADED_KERNELS())
     return ck
+
+
+def _canonical(obj: Any) -> str:
+    """A repr that is the same in every process: sets are sorted (their order follows string hashing,
+    which is randomized per process) and dataclasses are written field by field."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return f"{type(obj).__name__}(" + ",".join(f"{f.name}={_canonical(getattr(obj, f.name))}"
+                                                   for f in dataclasses.fields(obj)) + ")"
+    if isinstance(obj, (set, frozenset)):
+        return "{" + ",".join(sorted(_canonical(v) for v in obj)) + "}"
+    if isinstance(obj, (tuple, list)):
+        return "(" + ",".join(_canonical(v) for v in obj) + ")"
+    return repr(obj)
 
 
 def _load_cached(dev: Any, disk: tuple[KernelDiskCache, str]) -> CompiledKernel | None:
