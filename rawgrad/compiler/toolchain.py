@@ -39,14 +39,18 @@ _STAT_BY_SOURCE = {MEMORY: "memory_hits", DISK: "disk_hits", BUILT: "compiles"}
 # How many lines of the offending IR a CompileError quotes.
 _IR_LINES_IN_ERROR = 12
 # Per-kernel pipeline choice. A kernel whose work per call (the caller's estimate: loop iterations times
-# body statements, see `compile`) is at most QUICK_MAX_WORK is built with no optimisation passes and LLVM's
-# fast instruction selector (codegen -O0): measured on this x86-64 host (llvmlite 0.50 / LLVM 22, a 4-element
-# `exp` kernel) 0.7 ms instead of 18 ms at O3, which still vectorizes a 4-iteration loop 16-wide with an
-# epilogue. The O0 code runs ~4 ns per element of that ~45-statement body against 0.2 ns vectorized, so at
-# 1 << 14 statement-iterations it costs ~1.5 µs more per call, well under one launch's overhead (15-35 µs).
-# Bigger or unknown (symbolic) work keeps the full pipeline at the compiler's opt level.
+# body nodes, see `compile`) is at most QUICK_MAX_WORK is built with no IR optimisation passes and codegen
+# at -O1. Measured on this x86-64 host (llvmlite 0.50 / LLVM 22, a 4-element `exp` kernel): 2.1 ms instead
+# of 17-18 ms at O3, which still vectorizes a 4-iteration loop 16-wide with an epilogue. Codegen -O0 (0.7 ms)
+# is not used: its fast instruction selector does not fuse `contract` multiply-adds into FMAs as the
+# selection DAG does at -O1 and above, so a small kernel's results would round differently from the same
+# kernel at O3 (tests/amd/test_amd_run.py compares the CPU device bit for bit). Unoptimised code runs ~4 ns
+# per element of that body against 0.2 ns vectorized, so at 1 << 14 node-iterations it costs ~1.5 µs more
+# per call, well under one launch's overhead (15-35 µs). Bigger or unknown (symbolic) work keeps the full
+# pipeline at the compiler's opt level.
 QUICK_MAX_WORK = 1 << 14
-QUICK_OPT_LEVEL = 0
+QUICK_OPT_LEVEL = 0  # IR pass pipeline speed level
+QUICK_CODEGEN_LEVEL = 1  # target machine (instruction selection, register allocation) level
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -133,7 +137,7 @@ class LLVMCompiler:
         self._target = target
         self._tm = target.create_target_machine(cpu=cpu, features=features, opt=opt_level, reloc=reloc,
                                                 codemodel=code_model)
-        self._quick_tm: llvm.TargetMachine | None = None  # codegen -O0, made on first quick compile
+        self._quick_tm: llvm.TargetMachine | None = None  # codegen -O1, made on first quick compile
         self.target_key: str = "|".join([self.triple, cpu, features, f"O{opt_level}", reloc, code_model])
         self.cache_dir: str | None = cache_folder("llvm", cache_dir)
         self._cache = CompileCache(self.cache_dir, ".o")
@@ -143,7 +147,7 @@ class LLVMCompiler:
 
     def cache_key(self, llvm_ir: str, quick: bool = False) -> str:
         """sha256 over the IR text, the target key (with the pipeline) and the llvmlite version."""
-        target_key = self.target_key + ("|quick" if quick else "")
+        target_key = self.target_key + (f"|quick-O{QUICK_OPT_LEVEL}-cg{QUICK_CODEGEN_LEVEL}" if quick else "")
         return content_key(llvm_ir, target_key, llvmlite.__version__)
 
     def quick(self, work: int | None) -> bool:
@@ -154,7 +158,7 @@ class LLVMCompiler:
         """Return the ELF relocatable object for ``llvm_ir`` (memory cache, then disk cache, then LLVM).
 
         `work` is the caller's estimate of the kernel's work per call (loop iterations times statements);
-        at most QUICK_MAX_WORK picks the quick pipeline (no passes, codegen -O0), None or more the full one.
+        at most QUICK_MAX_WORK picks the quick pipeline (no passes, codegen -O1), None or more the full one.
         """
         quick = self.quick(work)
         corrupt = self._cache.disk.corrupt_entries
@@ -177,10 +181,11 @@ class LLVMCompiler:
         return self._codegen(llvm_ir, assembly=True, quick=self.quick(work)).decode()
 
     def _quick_machine(self) -> llvm.TargetMachine:
-        """The target machine with codegen -O0 (fast instruction selection), made once (under _llvm_lock)."""
+        """The target machine for the quick pipeline (codegen QUICK_CODEGEN_LEVEL), made once (under
+        _llvm_lock)."""
         if self._quick_tm is None:
             self._quick_tm = self._target.create_target_machine(
-                cpu=self.cpu, features=self.features, opt=QUICK_OPT_LEVEL, reloc=self.reloc,
+                cpu=self.cpu, features=self.features, opt=QUICK_CODEGEN_LEVEL, reloc=self.reloc,
                 codemodel=self.code_model)
         return self._quick_tm
 
