@@ -247,3 +247,17 @@ def test_kernel_work_estimate() -> None:
     np.testing.assert_allclose(small.numpy(), np.exp(np.arange(16, dtype=np.float32).reshape(4, 4)[:, 1] / 16
                                                      + 0.25), rtol=1e-6)
     np.testing.assert_allclose(big.numpy(), np.full((64, 64), 64, np.float32))
+
+
+def test_quick_and_full_pipelines_round_alike() -> None:
+    """A multiply-add computed by a tiny kernel (quick pipeline) and by a big one (O3) rounds the same: the
+    quick pipeline's instruction selection fuses `contract` multiply-adds as O3's does."""
+    import numpy as np
+
+    from rawgrad import Tensor
+
+    rng = np.random.default_rng(1)
+    a, b, c = (rng.standard_normal(1 << 16).astype(np.float32) for _ in range(3))
+    big = (Tensor(a) * Tensor(b) + Tensor(c)).numpy()
+    small = (Tensor(a[:64]) * Tensor(b[:64]) + Tensor(c[:64])).numpy()
+    np.testing.assert_array_equal(small, big[:64])
