@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -187,3 +188,19 @@ def test_key_covers_what_the_lowering_reads(monkeypatch: pytest.MonkeyPatch) -> 
     noopt = R._kernel_disk(dev, "E_16", ast)
     assert plain is not None and noopt is not None and plain[1] != noopt[1]
     assert R._kernel_disk(dev, "E_other", ast)[1] != noopt[1]  # type: ignore[index]
+
+
+def test_unpicklable_ast_is_built_without_the_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AST the key cannot be computed for is built as before, just not cached on disk."""
+    from rawgrad.hcq.device import Device
+    from rawgrad.tensor import realize as R
+
+    def refuse(*_: object) -> str:
+        raise pickle.PicklingError("not picklable")
+
+    monkeypatch.setattr(R, "ast_key", refuse)
+    x = Tensor(np.arange(16, dtype=np.float32)).realize()
+    ast = _asts((x * 3 - 2).exp())[-1]
+    assert R._kernel_disk(Device["CPU"], "E_16", ast) is None
+    np.testing.assert_allclose((x * 7 - 2).exp2().numpy(), np.exp2(np.arange(16, dtype=np.float32) * 7 - 2),
+                               rtol=1e-6)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import pickle
 import re
 import threading
 import time
@@ -199,8 +200,11 @@ def _kernel_disk(dev: Any, name: str, ast: UOp) -> tuple[KernelDiskCache, str] |
     held = _target_texts.get(id(target))
     if held is None or held[0] is not target:
         held = _target_texts[id(target)] = (target, _canonical(target))
-    key = ast_key(ast, _symbol_base(name), type(dev.renderer).__qualname__, type(compiler).__qualname__,
-                  held[1], f"NOOPT={int(config.NOOPT())}", target_key, llvmlite.__version__, version)
+    try:
+        key = ast_key(ast, _symbol_base(name), type(dev.renderer).__qualname__, type(compiler).__qualname__,
+                      held[1], f"NOOPT={int(config.NOOPT())}", target_key, llvmlite.__version__, version)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return None  # an AST argument that cannot be pickled: this kernel is simply not cached on disk
     return disk, key
 
 
