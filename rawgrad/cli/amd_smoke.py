@@ -32,19 +32,17 @@ paths, not the hardware, and the table says so.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rawgrad.cli.smoke_checks import JIT_CALLS, MAX_ABS_ERROR, jit_step_error, tensor_op_errors
+from rawgrad.cli.smoke_checks import JIT_CALLS, MAX_ABS_ERROR, finish_run, jit_step_error, tensor_op_errors
 
 __all__ = ["StepResult", "TracingKFD", "add_arguments", "main", "render", "run_command", "run_smoke"]
 
@@ -230,21 +228,31 @@ def _interrupt(run: _Run) -> dict[str, Any]:
             "wake_us_after_release": round((woke - released[0]) / 1e3, 1) if released else None}
 
 
-def _sdma_copy(run: _Run) -> dict[str, Any]:
-    dev = run.dev
-    data = np.random.default_rng(1).integers(0, 256, COPY_BYTES, dtype=np.uint8)
+def _copy_round_trip(dev: Any, data: np.ndarray, copy: Callable[[Any, Any], None]) -> np.ndarray:
+    """`data` uploaded to one buffer, `copy(src, dst)` run on the GPU into a zeroed second one, read back."""
     src, dst = dev.allocator.alloc(COPY_BYTES), dev.allocator.alloc(COPY_BYTES)
     try:
         dev.allocator.copyin(src, data.data)
         dev.allocator.copyin(dst, np.zeros(COPY_BYTES, np.uint8).data)
-        done = dev.new_signal(0, name="smoke sdma")
-        dev.copy_queue().copy(dst.va_addr, src.va_addr, COPY_BYTES).signal(done, 1).submit(dev)
-        done.wait(1, TIMEOUT_S, queue="SDMA FENCE", check=dev.check_fault)
+        copy(src, dst)
         out = np.empty(COPY_BYTES, np.uint8)
         dev.allocator.copyout(out.data, dst)
     finally:
         dev.allocator.free(src)
         dev.allocator.free(dst)
+    return out
+
+
+def _sdma_copy(run: _Run) -> dict[str, Any]:
+    dev = run.dev
+    data = np.random.default_rng(1).integers(0, 256, COPY_BYTES, dtype=np.uint8)
+
+    def sdma(src: Any, dst: Any) -> None:
+        done = dev.new_signal(0, name="smoke sdma")
+        dev.copy_queue().copy(dst.va_addr, src.va_addr, COPY_BYTES).signal(done, 1).submit(dev)
+        done.wait(1, TIMEOUT_S, queue="SDMA FENCE", check=dev.check_fault)
+
+    out = _copy_round_trip(dev, data, sdma)
     if not np.array_equal(out, data):
         raise AssertionError(f"SDMA COPY_LINEAR: {int((out != data).sum())} of {COPY_BYTES} bytes differ")
     return {"bytes": COPY_BYTES}
@@ -273,15 +281,8 @@ def _timestamps(run: _Run) -> dict[str, Any]:
 def _first_kernel(run: _Run) -> dict[str, Any]:
     dev = run.dev
     data = np.arange(COPY_BYTES, dtype=np.uint8)
-    src, dst = dev.allocator.alloc(COPY_BYTES), dev.allocator.alloc(COPY_BYTES)
-    try:
-        dev.allocator.copyin(src, data.data)
-        dev.timeline_submit(lambda q: q.copy(dst.va_addr, src.va_addr, COPY_BYTES))
-        out = np.empty(COPY_BYTES, np.uint8)
-        dev.allocator.copyout(out.data, dst)
-    finally:
-        dev.allocator.free(src)
-        dev.allocator.free(dst)
+    out = _copy_round_trip(dev, data, lambda src, dst: dev.timeline_submit(
+        lambda q: q.copy(dst.va_addr, src.va_addr, COPY_BYTES)))
     if not np.array_equal(out, data):
         raise AssertionError(f"the copy kernel: {int((out != data).sum())} of {COPY_BYTES} bytes differ")
     return {"kernel": "rawgrad_amd_copy", "bytes": COPY_BYTES}
@@ -406,12 +407,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run, print the table, write the JSON; 0 when every step passed."""
     results = run_smoke(args.mock, True if args.fault or args.mock else False)
     print(render(results, args.mock))
-    path = args.json or (os.path.join(os.environ["OUT"], "amd_smoke.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump({"mock": args.mock, "steps": [asdict(r) for r in results]}, f, indent=1, default=str)
-        print(f"wrote {path}")
-    return 0 if all(r.status == "ok" for r in results) else 1
+    return finish_run(results, args.mock, args.json, "amd_smoke.json")
 
 
 def main(argv: list[str] | None = None) -> int:

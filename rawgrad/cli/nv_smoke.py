@@ -8,12 +8,9 @@ records and where the JSON goes.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from dataclasses import asdict
 from typing import Any
 
-from rawgrad.cli.smoke_checks import MAX_ABS_ERROR, jit_step_error, tensor_op_errors
+from rawgrad.cli.smoke_checks import MAX_ABS_ERROR, finish_run, jit_step_error, tensor_op_errors
 from rawgrad.drivers.nv.smoke import SmokeRun, Step, StepResult, render
 from rawgrad.drivers.nv.smoke import run_smoke as run_driver_steps
 
@@ -58,9 +55,4 @@ def run_command(args: argparse.Namespace) -> int:
     """Run, print the table, write the JSON; 0 when every step passed."""
     results = run_smoke(args.mock)
     print(render(results))
-    path = args.json or (os.path.join(os.environ["OUT"], "nv_smoke.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump({"mock": args.mock, "steps": [asdict(r) for r in results]}, f, indent=1, default=str)
-        print(f"wrote {path}")
-    return 0 if all(r.status == "ok" for r in results) else 1
+    return finish_run(results, args.mock, args.json, "nv_smoke.json")
